@@ -1,0 +1,109 @@
+"""ModelConfig: every architectural choice of a Seq2Seq model, as plain JSON-safe data."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybrid.mixers import MIXERS
+
+
+@dataclass
+class ModelConfig:
+    """The shape of a :class:`hybrid.Seq2Seq` model.
+
+    ``decoder_mixers`` is the ablation knob: one mixer name for every decoder layer
+    (``"lstm"``) or one name per layer (``["lstm", "lstm", "attention"]``). The names
+    come from the mixer registry in :mod:`hybrid.mixers`. The config validates itself
+    on construction and round-trips through :meth:`to_dict` / :meth:`from_dict`, so a
+    saved model can be rebuilt with neither Lightning nor Hydra.
+    """
+
+    vocab_size: int = 128
+    d_model: int = 256
+    n_heads: int = 4
+    d_ff: int = 1024  # 4 * d_model, the usual transformer FFN ratio
+    encoder_layers: int = 3
+    decoder_layers: int = 3
+    decoder_mixers: str | Sequence[str] = "lstm"
+    # Width of the LSTM mixer's hidden state; None means d_model. When it differs,
+    # the LSTM output is projected back to d_model. An LSTM layer holds about 8*d^2
+    # parameters against 4*d^2 for self-attention, so lstm_hidden_size ~ 0.6*d_model
+    # matches the attention decoder's parameter count.
+    lstm_hidden_size: int | None = None
+    dropout: float = 0.1
+    # Rotary positions are computed, not learned, so this only sizes the tables and
+    # the longest KV cache that may be requested.
+    max_positions: int = 4096
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    tie_embeddings: bool = True
+    layer_norm_eps: float = 1e-5
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form metadata kept with the model
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "encoder_layers", "decoder_layers",
+                     "max_positions"):
+            _require_positive_int(name, getattr(self, name))
+        if self.lstm_hidden_size is not None:
+            _require_positive_int("lstm_hidden_size", self.lstm_hidden_size)
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if (self.d_model // self.n_heads) % 2 != 0:
+            raise ValueError(
+                f"d_model / n_heads = {self.d_model // self.n_heads} must be even for rotary positions")
+        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
+            raise ValueError(f"dropout must be a float in [0, 1), got {self.dropout!r}")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.vocab_size:
+                raise ValueError(f"{name} must be an int in [0, vocab_size={self.vocab_size}), got {value!r}")
+        if len({self.pad_id, self.bos_id}) != 2 or self.pad_id == self.eos_id:
+            raise ValueError(
+                f"pad_id ({self.pad_id}) must differ from bos_id ({self.bos_id}) and eos_id ({self.eos_id})")
+        self.decoder_mixers = self._normalise_mixers(self.decoder_mixers)
+
+    def _normalise_mixers(self, mixers: str | Sequence[str]) -> list[str]:
+        allowed = sorted(MIXERS)
+        if isinstance(mixers, str):
+            mixers = [mixers] * self.decoder_layers
+        else:
+            mixers = list(mixers)
+            if len(mixers) != self.decoder_layers:
+                raise ValueError(
+                    f"decoder_mixers lists {len(mixers)} names but decoder_layers is {self.decoder_layers}; "
+                    "give one name for all layers or exactly one per layer")
+        for name in mixers:
+            if name not in MIXERS:
+                raise ValueError(f"decoder_mixers: unknown mixer {name!r}; allowed: {allowed}")
+        return mixers
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def lstm_width(self) -> int:
+        return self.lstm_hidden_size or self.d_model
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict of every field (``decoder_mixers`` as one name per layer)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        """Rebuild a config from :meth:`to_dict` output; unknown keys are an error, not ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields {unknown}; allowed: {sorted(known)}")
+        return cls(**dict(data))
+
+
+def _require_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")

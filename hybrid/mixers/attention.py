@@ -1,0 +1,60 @@
+"""Causal multi-head self-attention with a preallocated key/value cache: the baseline mixer."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hybrid.layers import RotaryEmbedding, merge_heads, split_heads
+from hybrid.mixers.base import Mixer, MixerState
+
+
+@dataclasses.dataclass
+class KVCache(MixerState):
+    """Keys and values of every past position, allocated once for the whole decode."""
+
+    keys: Tensor  # (B, nh, max_length, hd)
+    values: Tensor  # (B, nh, max_length, hd)
+
+
+class AttentionMixer(Mixer):
+    """Causal self-attention (rotary positions, SDPA). Step mode writes into a KV cache
+    preallocated for the requested length, so nothing is concatenated per step; its
+    memory still grows linearly with the length asked for, which is the cost the LSTM
+    mixer removes."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
+        self.out = nn.Linear(config.d_model, config.d_model)
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_positions)
+        self.dropout = config.dropout
+
+    def _project(self, x: Tensor, start: int) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = (split_heads(t, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1))  # 3 x (B, nh, T, hd)
+        return self.rotary(q, start), self.rotary(k, start), v
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = self._project(x, start=0)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        return self.out(merge_heads(y))
+
+    def allocate_state(self, batch_size: int, max_length: int, device, dtype) -> KVCache:
+        shape = (batch_size, self.n_heads, max_length, self.rotary.cos.shape[-1])
+        return KVCache(keys=torch.zeros(shape, device=device, dtype=dtype),
+                       values=torch.zeros(shape, device=device, dtype=dtype))
+
+    def step(self, x: Tensor, state: KVCache, position: int) -> Tensor:
+        q, k, v = self._project(x.unsqueeze(1), start=position)  # 3 x (B, nh, 1, hd)
+        state.keys[:, :, position] = k.squeeze(2)
+        state.values[:, :, position] = v.squeeze(2)
+        # Every cached position is a real token (decoding advances all rows together),
+        # so the prefix needs no mask.
+        y = F.scaled_dot_product_attention(
+            q, state.keys[:, :, :position + 1], state.values[:, :, :position + 1])  # (B, nh, 1, hd)
+        return self.out(merge_heads(y)).squeeze(1)

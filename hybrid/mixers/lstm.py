@@ -1,0 +1,65 @@
+"""The LSTM mixer: a fixed-size recurrent state replaces the decoder's self-attention."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor, nn
+
+from hybrid.mixers.base import Mixer, MixerState
+
+
+@dataclasses.dataclass
+class LSTMState(MixerState):
+    """``(h, c)`` of one LSTM layer. Its size never depends on how many tokens were decoded."""
+
+    input_hidden: Tensor  # (B, D + H): the step's input in [:, :D] and h in [:, D:], side by side
+    cell: Tensor  # (B, H)
+
+    @property
+    def hidden(self) -> Tensor:
+        return self.input_hidden[:, -self.cell.shape[1]:]
+
+
+class LSTMMixer(Mixer):
+    """One ``nn.LSTM`` layer of width ``lstm_width``, projected back to ``d_model`` when they differ.
+
+    Training runs the whole target through one ``nn.LSTM`` call (cuDNN on a GPU). A step
+    advances ``(h, c)`` with one fused matrix product ``[x | h] @ [W_ih | W_hh]^T``; the
+    state keeps ``x`` and ``h`` in one buffer so that product needs no concatenation.
+    """
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.d_model, self.width = config.d_model, config.lstm_width
+        self.lstm = nn.LSTM(config.d_model, self.width, batch_first=True)
+        self.out = nn.Linear(self.width, config.d_model) if self.width != config.d_model else nn.Identity()
+        self.dropout = nn.Dropout(config.dropout)
+        self._fused_weight: Tensor | None = None
+        self._fused_bias: Tensor | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        y, _ = self.lstm(x)  # (B, T, H)
+        return self.dropout(self.out(y))
+
+    def allocate_state(self, batch_size: int, max_length: int, device, dtype) -> LSTMState:
+        # The weights do not change while decoding, so fuse them once per decode, not per step.
+        lstm = self.lstm
+        self._fused_weight = torch.cat([lstm.weight_ih_l0, lstm.weight_hh_l0], dim=1).t()  # (D + H, 4H)
+        self._fused_bias = lstm.bias_ih_l0 + lstm.bias_hh_l0  # (4H,)
+        return LSTMState(
+            input_hidden=torch.zeros(batch_size, self.d_model + self.width, device=device, dtype=dtype),
+            cell=torch.zeros(batch_size, self.width, device=device, dtype=dtype))
+
+    def step(self, x: Tensor, state: LSTMState, position: int) -> Tensor:
+        if self._fused_weight is None:
+            raise RuntimeError("LSTMMixer.step called before allocate_state (use Seq2Seq.start)")
+        state.input_hidden[:, :self.d_model].copy_(x)
+        gates = torch.addmm(self._fused_bias, state.input_hidden, self._fused_weight)  # (B, 4H)
+        in_gate, forget_gate, cell_gate, out_gate = gates.chunk(4, dim=1)  # PyTorch's i, f, g, o order
+        cell = state.cell
+        cell.mul_(forget_gate.sigmoid()).add_(in_gate.sigmoid() * cell_gate.tanh())
+        hidden = state.hidden
+        hidden.copy_(out_gate.sigmoid() * cell.tanh())
+        return self.dropout(self.out(hidden))

@@ -1,0 +1,238 @@
+"""Seq2Seq: a transformer encoder and a decoder whose token mixer is swappable per layer.
+
+Read top to bottom: the encoder layer, the decoder layer, then the model with its three
+ways to run: ``forward`` (teacher forcing, the whole target at once), ``start``/``step``
+(one token at a time over a preallocated :class:`DecodeState`), and ``generate``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model, save_model
+from torch import Tensor, nn
+
+from hybrid.config import ModelConfig
+from hybrid.inputs import check_length, check_token_ids, source_mask
+from hybrid.layers import CrossAttention, EncoderSelfAttention, FeedForward
+from hybrid.mixers import MIXERS
+from hybrid.state import DecodeState
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+class EncoderLayer(nn.Module):
+    """Pre-norm transformer encoder layer: x + SelfAttn(LN(x)), then x + FFN(LN(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.attn = EncoderSelfAttention(config.d_model, config.n_heads, config.max_positions, config.dropout)
+        self.ffn_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, key_mask: Tensor) -> Tensor:
+        x = x + self.dropout(self.attn(self.attn_norm(x), key_mask))
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm decoder layer: token mixer -> cross-attention -> FFN, each a residual block.
+
+    Only the mixer differs between an LSTM and a transformer decoder layer; the
+    cross-attention to the encoder is always kept.
+    """
+
+    def __init__(self, config: ModelConfig, mixer: str) -> None:
+        super().__init__()
+        self.mixer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.mixer = MIXERS[mixer](config)
+        self.cross_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.cross = CrossAttention(config.d_model, config.n_heads, config.dropout)
+        self.ffn_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, keys: Tensor, values: Tensor, key_mask: Tensor) -> Tensor:
+        """Parallel form. x: (B, T, D) -> (B, T, D)."""
+        x = x + self.dropout(self.mixer(self.mixer_norm(x)))
+        x = x + self.dropout(self.cross(self.cross_norm(x), keys, values, key_mask))
+        return x + self.ffn(self.ffn_norm(x))
+
+    def step(self, x: Tensor, layer: int, state: DecodeState) -> Tensor:
+        """Step form. x: (B, D) -> (B, D), updating this layer's mixer state in place."""
+        x = x + self.mixer.step(self.mixer_norm(x), state.mixer_states[layer], state.position)
+        attended = self.cross(self.cross_norm(x).unsqueeze(1), state.cross_keys[layer],
+                              state.cross_values[layer], state.memory_mask)  # (B, 1, D)
+        x = x + attended.squeeze(1)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Seq2Seq(nn.Module):
+    """Encoder-decoder whose decoder layers mix tokens with the mixers named in ``config.decoder_mixers``.
+
+    A plain ``nn.Module``: training wrappers (Lightning) and configuration (Hydra) stay
+    outside, so an exported model needs neither.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)  # shared by encoder and decoder
+        self.embed_dropout = nn.Dropout(config.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.encoder_layers))
+        self.encoder_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.decoder_layers = nn.ModuleList(DecoderLayer(config, mixer) for mixer in config.decoder_mixers)
+        self.decoder_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        # GPT-2's initialisation; nn.LSTM keeps PyTorch's own uniform(-1/sqrt(H), 1/sqrt(H)).
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+
+    def num_parameters(self) -> int:
+        """Number of distinct parameters (a tied embedding counts once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    # ----- encoder -------------------------------------------------------------------
+
+    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Encode a padded source batch.
+
+        Returns the encoder output (B, S, D) and the attention key mask (B, 1, 1, S)
+        that every attention over the source uses (True on real tokens).
+        """
+        src_ids = check_token_ids("src_ids", src_ids, self.config.vocab_size, ndim=2)
+        check_length("source length", src_ids.shape[1], self.config.max_positions, "max_positions")
+        key_mask = source_mask(src_ids, src_mask, self.config.pad_id)[:, None, None, :]  # (B, 1, 1, S)
+        x = self.embed_dropout(self.embed(src_ids))  # (B, S, D)
+        for layer in self.encoder_layers:
+            x = layer(x, key_mask)
+        return self.encoder_norm(x), key_mask
+
+    # ----- teacher forcing -----------------------------------------------------------
+
+    def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """Teacher-forced logits (B, T, vocab) for decoder inputs ``tgt_ids`` (starting with ``bos_id``).
+
+        ``src_mask`` is True (or 1) on real tokens, like Hugging Face's ``attention_mask``;
+        when omitted it is ``src_ids != pad_id``. Target padding needs no mask: it comes
+        after the real tokens, and every mixer is causal.
+        """
+        tgt_ids = check_token_ids("tgt_ids", tgt_ids, self.config.vocab_size, ndim=2)
+        check_length("target length", tgt_ids.shape[1], self.config.max_positions, "max_positions")
+        memory, key_mask = self.encode(src_ids, src_mask)
+        return self.decode(tgt_ids, memory, key_mask)
+
+    def decode(self, tgt_ids: Tensor, memory: Tensor, key_mask: Tensor) -> Tensor:
+        """Parallel decoder pass over a whole (prefix of a) target: (B, T) -> (B, T, vocab)."""
+        x = self.embed_dropout(self.embed(tgt_ids))  # (B, T, D)
+        for layer in self.decoder_layers:
+            x = layer(x, *layer.cross.project_memory(memory), key_mask)
+        return self.lm_head(self.decoder_norm(x))
+
+    # ----- step-wise decoding --------------------------------------------------------
+
+    @torch.inference_mode()
+    def start(self, src_ids: Tensor, src_mask: Tensor | None = None, max_new_tokens: int = 256) -> DecodeState:
+        """Encode the source and preallocate the decoding state for ``max_new_tokens`` steps.
+
+        The cross-attention keys/values are projected here, once per source. Feed the
+        BOS token to the first :meth:`step`.
+        """
+        check_length("max_new_tokens", max_new_tokens, self.config.max_positions, "max_positions")
+        memory, key_mask = self.encode(src_ids, src_mask)
+        batch, dtype = memory.shape[0], memory.dtype
+        projected = [layer.cross.project_memory(memory) for layer in self.decoder_layers]
+        keys, values = [k for k, _ in projected], [v for _, v in projected]
+        mixer_states = [layer.mixer.allocate_state(batch, max_new_tokens, memory.device, dtype)
+                        for layer in self.decoder_layers]
+        return DecodeState(mixer_states, keys, values, key_mask, max_new_tokens)
+
+    @torch.inference_mode()
+    def step(self, token_ids: Tensor, state: DecodeState) -> Tensor:
+        """Feed one token per sequence (B,) and return the next-token logits (B, vocab).
+
+        Updates ``state`` in place. The ids are checked here (which reads them on the
+        host); the generation engine calls :meth:`step_unchecked` to avoid that sync.
+        """
+        token_ids = check_token_ids("token_ids", token_ids, self.config.vocab_size, ndim=1)
+        if token_ids.shape[0] != state.batch_size:
+            raise ValueError(f"token_ids has {token_ids.shape[0]} rows but the state holds "
+                             f"{state.batch_size} sequences; reorder the state first")
+        return self.step_unchecked(token_ids, state)
+
+    @torch.inference_mode()
+    def step_unchecked(self, token_ids: Tensor, state: DecodeState) -> Tensor:
+        """:meth:`step` without reading ``token_ids`` on the host (the hot path)."""
+        if state.position >= state.max_length:
+            raise ValueError(f"the decoding state is full: it was started with max_new_tokens="
+                             f"{state.max_length}; start a new one with a larger max_new_tokens")
+        x = self.embed(token_ids)  # (B, D)
+        for index, layer in enumerate(self.decoder_layers):
+            x = layer.step(x, index, state)
+        state.position += 1
+        return self.lm_head(self.decoder_norm(x))  # (B, vocab)
+
+    # ----- generation ----------------------------------------------------------------
+
+    def generate(self, src_ids: Tensor, src_mask: Tensor | None = None, max_new_tokens: int = 256,
+                 use_cache: bool = True, **kwargs) -> Tensor:
+        """Greedy decoding; returns (B, L) ids without the leading BOS, EOS included, ``pad_id`` after it.
+
+        ``use_cache=False`` reruns the decoder over the whole prefix at every step: the
+        crude loop that the cached path is checked and benchmarked against.
+        """
+        from hybrid.generation import generate
+
+        return generate(self, src_ids, src_mask=src_mask, max_new_tokens=max_new_tokens,
+                        use_cache=use_cache, **kwargs)
+
+    # ----- persistence ---------------------------------------------------------------
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Write ``config.json`` and ``model.safetensors`` to ``directory``, each file atomically."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        config_text = json.dumps(self.config.to_dict(), indent=2, sort_keys=True)
+        _write_atomically(directory / CONFIG_FILE, lambda path: path.write_text(config_text + "\n"))
+        _write_atomically(directory / WEIGHTS_FILE, lambda path: save_model(self, str(path)))
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike, device: str | torch.device = "cpu") -> Seq2Seq:
+        """Rebuild a model saved by :meth:`save_pretrained`; weights load from safetensors, never pickle."""
+        directory = Path(directory)
+        for name in (CONFIG_FILE, WEIGHTS_FILE):
+            if not (directory / name).is_file():
+                raise FileNotFoundError(f"{directory} has no {name}; expected a save_pretrained directory")
+        config = ModelConfig.from_dict(json.loads((directory / CONFIG_FILE).read_text()))
+        model = cls(config)
+        load_model(model, str(directory / WEIGHTS_FILE), strict=True, device=str(device))
+        return model.to(device).eval()
+
+
+def _write_atomically(path: Path, write) -> None:
+    """Write through a temporary file in the same folder, then rename: a crash never leaves half a file."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(handle)
+    try:
+        write(Path(temporary))
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

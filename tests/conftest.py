@@ -1,0 +1,60 @@
+"""Shared fixtures: tiny models whose random weights give varied, non-degenerate outputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybrid import MIXERS, ModelConfig, Seq2Seq
+
+VOCAB = 13  # small, so EOS (id 2) comes up often and finished rows leave the batch
+
+# Every registered mixer alone, plus mixed stacks: parity must hold for any layer plan.
+MIXER_PATTERNS = [[name] * 3 for name in MIXERS] + [
+    ["lstm", "attention", "lstm"],
+    ["attention", "lstm", "attention"],
+]
+
+
+def pattern_id(pattern: list[str]) -> str:
+    return "-".join(pattern)
+
+
+def tiny_config(decoder_mixers, **overrides) -> ModelConfig:
+    fields = dict(vocab_size=VOCAB, d_model=32, n_heads=4, d_ff=64, encoder_layers=2,
+                  decoder_layers=len(decoder_mixers), decoder_mixers=decoder_mixers, dropout=0.0,
+                  max_positions=1024)
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
+def tiny_model(decoder_mixers, seed: int = 0, **overrides) -> Seq2Seq:
+    """A tiny model in eval mode, re-initialised with large weights.
+
+    The default initialisation (std 0.02) makes a random model emit one token forever,
+    which would let a broken decoder pass; wide weights make outputs depend on the input.
+    """
+    torch.manual_seed(seed)
+    model = Seq2Seq(tiny_config(decoder_mixers, **overrides))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" not in name:
+                parameter.normal_(0.0, 0.5 if parameter.dim() > 1 else 0.1)
+        # A longer EOS embedding (tied to the head) makes sequences end at varied lengths,
+        # so finished rows really leave the working batch in the tests.
+        model.embed.weight[model.config.eos_id] *= 2.0
+    return model.eval()
+
+
+def padded_batch(lengths: list[int], vocab: int = VOCAB, pad_id: int = 0, seed: int = 0) -> torch.Tensor:
+    """Right-padded random ids (never special ids 0-2) with the given row lengths."""
+    generator = torch.Generator().manual_seed(seed)
+    batch = torch.full((len(lengths), max(lengths)), pad_id, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        batch[row, :length] = torch.randint(3, vocab, (length,), generator=generator)
+    return batch
+
+
+@pytest.fixture(params=MIXER_PATTERNS, ids=pattern_id)
+def mixer_pattern(request) -> list[str]:
+    return request.param

@@ -1,0 +1,36 @@
+"""The README's examples run as written, and CI runs the README's test command."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def test_python_examples_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {})
+
+
+def test_readme_has_two_setup_commands_and_ci_runs_the_test_one():
+    commands = re.findall(r"```bash\n(.*?)\n```", README.split("## Quickstart")[1].split("\n## ")[0], flags=re.S)
+    assert len(commands) == 2
+    assert commands[1] in (ROOT / ".ci" / "run").read_text()
+
+
+def test_cli_help_lists_commands():
+    result = subprocess.run([sys.executable, "-m", "hybrid.cli", "--help"], capture_output=True, text=True,
+                            check=True)
+    assert "demo" in result.stdout
+
+
+def test_cli_demo_runs_on_a_tiny_model():
+    result = subprocess.run(
+        [sys.executable, "-m", "hybrid.cli", "demo", "--max-new-tokens", "4", "--d-model", "16",
+         "--repeats", "1", "--uncached"], capture_output=True, text=True, check=True)
+    assert result.stdout.count("ms/token") == 3
