@@ -68,9 +68,10 @@ class DecoderLayer(nn.Module):
     def step(self, x: Tensor, layer: int, state: DecodeState) -> Tensor:
         """Step form. x: (B, D) -> (B, D), updating this layer's mixer state in place."""
         x = x + self.mixer.step(self.mixer_norm(x), state.mixer_states[layer], state.position)
-        attended = self.cross(self.cross_norm(x).unsqueeze(1), state.cross_keys[layer],
-                              state.cross_values[layer], state.memory_mask)  # (B, 1, D)
-        x = x + attended.squeeze(1)
+        # The rows of one source (beams, samples) query its memory together: (sources, group, D).
+        queries = self.cross_norm(x).view(-1, state.group_size, x.shape[-1])
+        attended = self.cross(queries, state.cross_keys[layer], state.cross_values[layer], state.memory_mask)
+        x = x + attended.view_as(x)
         return x + self.ffn(self.ffn_norm(x))
 
 

@@ -1,5 +1,27 @@
-"""Generation: search strategies over any decoding state."""
+"""Generation: greedy, sampling and beam search over any decoding state, with transformers' option names."""
 
-from hybrid.generation.engine import generate
+from hybrid.generation.config import GenerationConfig
+from hybrid.generation.engine import GenerateOutput, generate
+from hybrid.generation.processors import (
+    LogitsProcessorList,
+    MinNewTokensLengthLogitsProcessor,
+    MinPLogitsWarper,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+from hybrid.generation.stopping import EosTokenCriteria, MaxNewTokensCriteria, StoppingCriteriaList
+from hybrid.generation.streamers import BaseStreamer, TokenIteratorStreamer, TokenStreamer
 
-__all__ = ["generate"]
+__all__ = [
+    "generate", "GenerationConfig", "GenerateOutput",
+    "LogitsProcessorList", "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
+    "RepetitionPenaltyLogitsProcessor", "NoRepeatNGramLogitsProcessor", "NoBadWordsLogitsProcessor",
+    "MinNewTokensLengthLogitsProcessor", "SuppressTokensLogitsProcessor",
+    "StoppingCriteriaList", "MaxNewTokensCriteria", "EosTokenCriteria",
+    "BaseStreamer", "TokenStreamer", "TokenIteratorStreamer",
+]

@@ -1,54 +1,333 @@
-"""``generate``: decode a batch of sources with any model that offers ``start``/``step``."""
+"""``generate``: greedy, sampling and beam search over any decoding state.
+
+The strategies only talk to a session (``step``, ``reorder``, ``expand``), so they run
+unchanged over the LSTM state, the KV cache, any future mixer, and the uncached loop.
+Everything per step is a batched tensor operation on the model's device; the host looks
+at the device only to decide whether to drop finished sequences, every
+``eos_check_interval`` steps.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from hybrid.generation.config import GenerationConfig
 from hybrid.generation.sessions import CachedSession, UncachedSession
 from hybrid.inputs import check_length, check_token_ids, source_mask
 
 
-@torch.inference_mode()
-def generate(model, src_ids: Tensor, src_mask: Tensor | None = None, max_new_tokens: int = 256,
-             use_cache: bool = True, eos_check_interval: int | None = None) -> Tensor:
-    """Greedy decoding of ``src_ids`` (B, S); returns (B, L) new ids, EOS included, ``pad_id`` after it.
+@dataclasses.dataclass
+class GenerateOutput:
+    """What ``generate(..., return_dict_in_generate=True)`` returns (transformers' field names).
 
-    Padding and BOS are never generated (as in fairseq): they mark structure, not text.
-
-    Finished sequences leave the working batch (``reorder``), so the work shrinks as they
-    end. Checking which sequences finished reads a flag on the host; on a GPU that is a
-    synchronisation, so it happens every ``eos_check_interval`` steps (default 1 on CPU,
-    8 elsewhere) while the device runs ahead.
+    ``sequences``: (N, L) ids after BOS (forced prefix included), EOS included, padding after.
+    ``scores``: one (N_rows, vocab) tensor per step of the processed scores (log-probabilities in
+    beam search, where N_rows counts every beam); None when ``output_scores=False``.
+    ``sequences_scores``: (N,) the sum of the chosen tokens' log-probabilities under the processed
+    scores (greedy, sampling), or the length-penalised beam score (beam search).
+    ``beam_indices``: (N, L) for beam search: the row (source * num_beams + beam) each token came from.
     """
-    config = model.config
-    src_ids = check_token_ids("src_ids", src_ids, config.vocab_size, ndim=2)
-    src_mask = source_mask(src_ids, src_mask, config.pad_id)
-    check_length("max_new_tokens", max_new_tokens, config.max_positions, "max_positions")
-    if eos_check_interval is None:
-        eos_check_interval = 1 if src_ids.device.type == "cpu" else 8
-    check_length("eos_check_interval", eos_check_interval, max_new_tokens, "max_new_tokens")
 
-    session_class = CachedSession if use_cache else UncachedSession
-    session = session_class(model, src_ids, src_mask, max_new_tokens)
-    batch, device = src_ids.shape[0], src_ids.device
-    output = torch.full((batch, max_new_tokens), config.pad_id, dtype=torch.long, device=device)
-    rows = torch.arange(batch, device=device)  # the original row of each working row
-    tokens = torch.full((batch,), config.bos_id, dtype=torch.long, device=device)
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    never_generate = torch.tensor(sorted({config.pad_id, config.bos_id} - {config.eos_id}), device=device)
-    length = 0
-    for position in range(max_new_tokens):
-        logits = session.step(tokens).index_fill_(1, never_generate, float("-inf"))  # (b, vocab)
-        tokens = logits.argmax(dim=-1).masked_fill(finished, config.pad_id)  # (b,)
-        output[rows, position] = tokens
-        finished |= tokens == config.eos_id
-        length = position + 1
-        if length % eos_check_interval == 0 or length == max_new_tokens:
-            keep = (~finished).nonzero().squeeze(1)
-            if keep.numel() == 0:
-                break
+    sequences: Tensor
+    scores: tuple[Tensor, ...] | None
+    sequences_scores: Tensor
+    beam_indices: Tensor | None = None
+
+
+@torch.inference_mode()
+def generate(model, src_ids: Tensor, src_mask: Tensor | None = None, **options) -> Tensor | GenerateOutput:
+    """Decode ``src_ids`` (B, S) with the options of :class:`GenerationConfig` (transformers' names).
+
+    Returns (B * num_return_sequences, L) ids after BOS, EOS included, ``pad_id`` after it,
+    or a :class:`GenerateOutput` with ``return_dict_in_generate=True`` (or ``return_dict=True``).
+    Every option is checked before any compute. Padding and BOS are never generated.
+    """
+    config = GenerationConfig.from_kwargs(**options)
+    model_config = model.config
+    src_ids = check_token_ids("src_ids", src_ids, model_config.vocab_size, ndim=2)
+    src_mask = source_mask(src_ids, src_mask, model_config.pad_id)
+    run = _Run(model, config, src_ids)
+    session_class = CachedSession if config.use_cache else UncachedSession
+    session = session_class(model, src_ids, src_mask, run.total_steps)
+    search = _beam_search if config.num_beams > 1 else _sample
+    output = search(run, session)
+    if config.streamer is not None:
+        config.streamer.end()
+    return output if config.return_dict_in_generate else output.sequences
+
+
+class _Run:
+    """The checked, derived facts of one ``generate`` call that every strategy needs."""
+
+    def __init__(self, model, config: GenerationConfig, src_ids: Tensor) -> None:
+        model_config = model.config
+        self.config = config
+        self.device = src_ids.device
+        self.sources = src_ids.shape[0]
+        self.vocab_size = model_config.vocab_size
+        self.bos_id = model_config.bos_id
+        self.pad_id = model_config.pad_id if config.pad_token_id is None else config.pad_token_id
+        self.eos_ids = config.eos_ids(model_config)
+        self.eos_tensor = torch.tensor(self.eos_ids, device=self.device)
+        self.never_generate = torch.tensor(
+            sorted({model_config.pad_id, self.pad_id, model_config.bos_id} - set(self.eos_ids)), device=self.device)
+        self.prefix, self.prefix_lengths = self._forced_prefix(config.decoder_input_ids)
+        forced = self.prefix.shape[1] - 1
+        check_length("max_new_tokens", config.max_new_tokens, model_config.max_positions - forced,
+                     "max_positions" if forced == 0 else f"max_positions - forced prefix length {forced}")
+        self.total_steps = forced + config.max_new_tokens
+        self.processors = config.logits_processors(self.eos_ids)
+        self.stopping = config.stopping()
+        self.keep_scores = config.return_dict_in_generate and config.output_scores is not False
+        interval = config.eos_check_interval or (1 if self.device.type == "cpu" else 8)
+        self.eos_check_interval = interval
+
+    def _forced_prefix(self, decoder_input_ids: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(B, P) decoder ids that start with BOS and are right-padded, and each row's length (B,)."""
+        bos = torch.full((self.sources, 1), self.bos_id, dtype=torch.long, device=self.device)
+        if decoder_input_ids is None:
+            return bos, torch.ones(self.sources, dtype=torch.long, device=self.device)
+        ids = check_token_ids("decoder_input_ids", decoder_input_ids, self.vocab_size, ndim=2).to(self.device)
+        if ids.shape[0] != self.sources:
+            raise ValueError(f"decoder_input_ids has {ids.shape[0]} rows but src_ids has {self.sources}")
+        if not bool((ids[:, 0] == self.bos_id).all()):
+            ids = torch.cat([bos, ids], dim=1)  # as in transformers, the decoder start token is prepended
+        is_token = ids != self.pad_id
+        lengths = is_token.sum(dim=1)
+        if bool((is_token.cumsum(dim=1) != torch.arange(1, ids.shape[1] + 1, device=self.device).clamp(
+                max=lengths[:, None])).any()):
+            raise ValueError("decoder_input_ids must be right-padded with pad_token_id (no padding inside a prefix)")
+        return ids, lengths
+
+    def scores_for_step(self, logits: Tensor, step: int, prefix_lengths: Tensor) -> Tensor:
+        """Processed next-token scores (rows, vocab) for choosing column ``step + 1``."""
+        scores = logits.float().index_fill_(1, self.never_generate, float("-inf"))
+        generated = step + 1 - prefix_lengths  # tokens after the forced prefix so far, per row
+        if self.config.min_new_tokens > 0:
+            too_short = (generated < self.config.min_new_tokens)[:, None]
+            scores[:, self.eos_tensor] = scores[:, self.eos_tensor].masked_fill(too_short, float("-inf"))
+        return scores
+
+    def force_prefix(self, scores: Tensor, prefix: Tensor, prefix_lengths: Tensor, step: int) -> tuple[Tensor, Tensor]:
+        """Rows still inside their forced prefix may only take the forced token (score 0, log-prob 0)."""
+        column = step + 1
+        forced = column < prefix_lengths  # (rows,)
+        if column >= prefix.shape[1]:
+            return scores, forced
+        forced_tokens = prefix[:, column]
+        one_hot = torch.full_like(scores, float("-inf")).scatter_(1, forced_tokens[:, None], 0.0)
+        return torch.where(forced[:, None], one_hot, scores), forced
+
+    def reached_max(self, step: int, prefix_lengths: Tensor) -> Tensor:
+        """Rows whose column ``step + 1`` is their last allowed token."""
+        return step + 1 - prefix_lengths + 1 >= self.config.max_new_tokens
+
+
+def _sample(run: _Run, session) -> GenerateOutput:
+    """Greedy decoding or multinomial sampling, ``num_return_sequences`` rows per source."""
+    config, device = run.config, run.device
+    copies = config.num_return_sequences
+    if copies > 1:
+        session.expand(copies)
+    rows_total = run.sources * copies
+    prefix = run.prefix.repeat_interleave(copies, dim=0)
+    prefix_lengths = run.prefix_lengths.repeat_interleave(copies)
+    # Working buffers shrink with the batch; `output` keeps every original row.
+    sequences = torch.full((rows_total, run.total_steps + 1), run.pad_id, dtype=torch.long, device=device)
+    sequences[:, :prefix.shape[1]] = prefix
+    sequences[:, 0] = run.bos_id
+    output = sequences.clone()
+    rows = torch.arange(rows_total, device=device)  # original row of each working row
+    finished = torch.zeros(rows_total, dtype=torch.bool, device=device)
+    logprob_sums = torch.zeros(rows_total, device=device)
+    all_logprobs = torch.zeros(rows_total, device=device)
+    step_scores: list[Tensor] = []
+    last_step = 0
+    for step in range(run.total_steps):
+        logits = session.step(sequences[:, step])  # (rows, vocab)
+        scores = run.scores_for_step(logits, step, prefix_lengths)
+        scores = run.processors(sequences[:, :step + 1], scores)
+        scores, forced = run.force_prefix(scores, prefix, prefix_lengths, step)
+        if config.do_sample:
+            probabilities = F.softmax(scores, dim=-1)
+            tokens = torch.multinomial(probabilities, 1, generator=config.generator).squeeze(1)
+        else:
+            tokens = scores.argmax(dim=-1)
+        tokens = tokens.masked_fill(finished, run.pad_id)
+        token_logprobs = F.log_softmax(scores, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+        logprob_sums += token_logprobs.masked_fill(finished | forced, 0.0)
+        sequences[:, step + 1] = tokens
+        if run.keep_scores:
+            step_scores.append(_scatter_rows(scores, rows, rows_total, float("-inf")))
+        if config.streamer is not None:
+            config.streamer.put(_scatter_rows(tokens, rows, rows_total, run.pad_id))
+        finished |= ~forced & torch.isin(tokens, run.eos_tensor)
+        finished |= run.reached_max(step, prefix_lengths)
+        finished |= run.stopping(sequences[:, :step + 2], scores)
+        last_step = step
+        if (step + 1) % run.eos_check_interval == 0 or step + 1 == run.total_steps:
+            # Samples of one source share its memory, so a source leaves when all its samples are done.
+            keep = (~finished.view(-1, copies).all(dim=1)).repeat_interleave(copies).nonzero().squeeze(1)
             if keep.numel() < rows.numel():
+                output.index_copy_(0, rows, sequences)
+                all_logprobs.index_copy_(0, rows, logprob_sums)
+                if keep.numel() == 0:
+                    break
                 session.reorder(keep)
-                rows, tokens, finished = rows[keep], tokens[keep], finished[keep]
-    return output[:, :length]
+                rows, sequences, finished = rows[keep], sequences[keep], finished[keep]
+                prefix, prefix_lengths, logprob_sums = prefix[keep], prefix_lengths[keep], logprob_sums[keep]
+    output.index_copy_(0, rows, sequences)
+    all_logprobs.index_copy_(0, rows, logprob_sums)
+    return GenerateOutput(sequences=_trim(output[:, 1:last_step + 2], run.pad_id),
+                          scores=tuple(step_scores) if run.keep_scores else None,
+                          sequences_scores=all_logprobs)
+
+
+def _beam_search(run: _Run, session) -> GenerateOutput:
+    """Beam search, vectorised over sources: no Python loop over sequences in the step.
+
+    Finished hypotheses go to a per-source pool of the ``num_beams`` best, scored by
+    ``sum_logprobs / length ** length_penalty`` (length counts the tokens after BOS,
+    EOS included), and a source is done by transformers' ``early_stopping`` rules.
+    """
+    config, device = run.config, run.device
+    beams, vocab = config.num_beams, run.vocab_size
+    session.expand(beams)
+    width = run.total_steps + 1
+    candidates = max(2, 1 + len(run.eos_ids)) * beams  # enough that `beams` of them are not EOS
+    prefix = run.prefix.repeat_interleave(beams, dim=0)
+    prefix_lengths = run.prefix_lengths.repeat_interleave(beams)
+    sequences = torch.full((run.sources * beams, width), run.pad_id, dtype=torch.long, device=device)
+    sequences[:, :prefix.shape[1]] = prefix
+    sequences[:, 0] = run.bos_id
+    origins = torch.zeros_like(sequences)  # for beam_indices: the row each token was chosen from
+    # Only the first beam is live at the start, so the others do not duplicate it.
+    beam_scores = torch.full((run.sources, beams), float("-inf"), device=device)
+    beam_scores[:, 0] = 0.0
+    pool_scores = torch.full((run.sources, beams), float("-inf"), device=device)
+    pool_sequences = torch.full((run.sources, beams, width), run.pad_id, dtype=torch.long, device=device)
+    pool_origins = torch.zeros_like(pool_sequences)
+    sources = torch.arange(run.sources, device=device)  # original source of each working group
+    done = torch.zeros(run.sources, dtype=torch.bool, device=device)
+    step_scores: list[Tensor] = []
+    beam_offsets = torch.arange(beams, device=device)
+    last_step = 0
+    for step in range(run.total_steps):
+        groups = sources.numel()
+        logits = session.step(sequences[:, step])  # (groups * beams, vocab)
+        logprobs = F.log_softmax(run.scores_for_step(logits, step, prefix_lengths), dim=-1)
+        logprobs = run.processors(sequences[:, :step + 1], logprobs)
+        logprobs, forced = run.force_prefix(logprobs, prefix, prefix_lengths, step)
+        if run.keep_scores:
+            rows = (sources[:, None] * beams + beam_offsets).flatten()
+            step_scores.append(_scatter_rows(logprobs, rows, run.sources * beams, float("-inf")))
+        totals = (logprobs + beam_scores.view(-1, 1)).view(groups, beams * vocab)
+        top_scores, top_index = totals.topk(candidates, dim=1)  # sorted, best first
+        parent, token = top_index // vocab, top_index % vocab  # (groups, candidates)
+        parent_rows = parent + (torch.arange(groups, device=device) * beams)[:, None]
+        length = step + 1  # tokens after BOS, the new one included
+        penalty = length ** config.length_penalty
+        group_forced = forced.view(groups, beams)[:, 0]
+        is_eos = torch.isin(token, run.eos_tensor) & ~group_forced[:, None]
+
+        # Hypotheses that end here: EOS among the best `beams` candidates (transformers' rule).
+        ending = is_eos & (torch.arange(candidates, device=device) < beams) & top_scores.isfinite()
+        _merge_into_pool(pool_scores, pool_sequences, pool_origins, sources,
+                         torch.where(ending, top_scores / penalty, float("-inf"))[:, :beams],
+                         sequences, origins, parent_rows[:, :beams], token[:, :beams], step, run.pad_id)
+
+        # The next beams: the best candidates that do not end.
+        running = torch.where(is_eos, float("-inf"), top_scores).topk(beams, dim=1)
+        chosen_rows = parent_rows.gather(1, running.indices).flatten()
+        chosen_tokens = token.gather(1, running.indices).flatten()
+        beam_scores = running.values
+        sequences = sequences.index_select(0, chosen_rows)
+        sequences[:, step + 1] = chosen_tokens
+        if config.return_dict_in_generate:
+            origins = origins.index_select(0, chosen_rows)
+            origins[:, step + 1] = sources.repeat_interleave(beams) * beams + chosen_rows % beams
+        session.reorder(chosen_rows)
+
+        # Sources that reach their length limit end with their running beams.
+        at_limit = run.reached_max(step, prefix_lengths.view(groups, beams)[:, 0])
+        stopped = run.stopping(sequences[:, :step + 2], logprobs).view(groups, beams).all(dim=1)
+        final = at_limit | stopped
+        _merge_into_pool(pool_scores, pool_sequences, pool_origins, sources,
+                         torch.where(final[:, None], beam_scores / penalty, float("-inf")), sequences, origins,
+                         torch.arange(groups * beams, device=device).view(groups, beams), None, step, run.pad_id)
+        done[sources] |= final | _pool_is_done(config, pool_scores[sources], beam_scores, length, run.total_steps)
+        last_step = step
+        if (step + 1) % run.eos_check_interval == 0 or step + 1 == run.total_steps:
+            keep_groups = (~done[sources]).nonzero().squeeze(1)
+            if keep_groups.numel() == 0:
+                break
+            if keep_groups.numel() < groups:
+                keep = (keep_groups[:, None] * beams + beam_offsets).flatten()
+                session.reorder(keep)
+                sources, beam_scores = sources[keep_groups], beam_scores[keep_groups]
+                sequences, origins = sequences[keep], origins[keep]
+                prefix, prefix_lengths = prefix[keep], prefix_lengths[keep]
+
+    best = config.num_return_sequences
+    sequences = _trim(pool_sequences[:, :best, 1:last_step + 2].flatten(0, 1), run.pad_id)
+    beam_indices = pool_origins[:, :best, 1:sequences.shape[1] + 1].flatten(0, 1)
+    return GenerateOutput(sequences=sequences, scores=tuple(step_scores) if run.keep_scores else None,
+                          sequences_scores=pool_scores[:, :best].flatten(),
+                          beam_indices=beam_indices if config.return_dict_in_generate else None)
+
+
+def _merge_into_pool(pool_scores: Tensor, pool_sequences: Tensor, pool_origins: Tensor, sources: Tensor,
+                     new_scores: Tensor, sequences: Tensor, origins: Tensor, rows: Tensor,
+                     tokens: Tensor | None, step: int, pad_id: int) -> None:
+    """Keep each source's ``beams`` best finished hypotheses: the pool's and the new ones (-inf = none).
+
+    ``rows`` (groups, n) are the working rows the new hypotheses extend; with ``tokens`` they end
+    in that token at column ``step + 1``, without they are the rows as they stand.
+    """
+    beams = pool_scores.shape[1]
+    groups = sources.numel()
+    columns = step + 2
+    new_sequences = sequences.index_select(0, rows.flatten()).view(groups, -1, sequences.shape[1])
+    new_origins = origins.index_select(0, rows.flatten()).view(groups, -1, origins.shape[1])
+    if tokens is not None:
+        new_sequences[:, :, columns - 1] = tokens
+        new_origins[:, :, columns - 1] = sources[:, None] * beams + rows % beams
+    new_sequences[:, :, columns:] = pad_id  # a forced prefix may reach past the hypothesis' end
+    scores = torch.cat([pool_scores[sources], new_scores], dim=1)  # (groups, 2 * beams)
+    best = scores.topk(beams, dim=1)
+    merged = torch.cat([pool_sequences[sources], new_sequences], dim=1)
+    merged_origins = torch.cat([pool_origins[sources], new_origins], dim=1)
+    index = best.indices[:, :, None].expand(-1, -1, merged.shape[2])
+    pool_scores[sources] = best.values
+    pool_sequences[sources] = merged.gather(1, index)
+    pool_origins[sources] = merged_origins.gather(1, index)
+
+
+def _pool_is_done(config: GenerationConfig, pool_scores: Tensor, beam_scores: Tensor, length: int,
+                  max_length: int) -> Tensor:
+    """transformers' rule: the pool is full and no running beam can still beat its worst hypothesis."""
+    full = pool_scores[:, -1].isfinite()
+    if config.early_stopping is True:
+        return full
+    best_running = beam_scores[:, 0]
+    if config.early_stopping == "never" and config.length_penalty > 0:
+        bound = best_running / max_length ** config.length_penalty
+    else:
+        bound = best_running / length ** config.length_penalty
+    return full & (pool_scores[:, -1] >= bound)
+
+
+def _scatter_rows(values: Tensor, rows: Tensor, total: int, fill) -> Tensor:
+    """Place the working rows' ``values`` at their original rows of a ``total``-row tensor."""
+    placed = values.new_full((total, *values.shape[1:]), fill)
+    return placed.index_copy_(0, rows, values)
+
+
+def _trim(sequences: Tensor, pad_id: int) -> Tensor:
+    """Drop trailing columns that are padding in every row."""
+    used = (sequences != pad_id).any(dim=0).nonzero()
+    return sequences[:, :int(used.max()) + 1] if used.numel() else sequences[:, :1]

@@ -1,9 +1,10 @@
 """The two ways to get next-token logits while decoding, behind one small interface.
 
-Every search strategy talks only to a session: ``step(tokens) -> logits`` and
-``reorder(index)``. The cached session drives the preallocated :class:`DecodeState`
-(any mixer); the uncached one reruns the decoder over the whole prefix at every step,
-which is the crude loop that the fast path is checked and benchmarked against.
+Every search strategy talks only to a session: ``step(tokens) -> logits``,
+``reorder(index)`` and ``expand(group_size)``. The cached session drives the
+preallocated :class:`DecodeState` (any mixer); the uncached one reruns the decoder over
+the whole prefix at every step, which is the crude loop that the fast path is checked
+and benchmarked against.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ class CachedSession:
     def reorder(self, index: Tensor) -> None:
         self.state.reorder(index)
 
+    def expand(self, group_size: int) -> None:
+        self.state.expand(group_size)
+
 
 class UncachedSession:
     """Reruns the decoder over the whole prefix each step (the encoder still runs once)."""
@@ -33,8 +37,7 @@ class UncachedSession:
         self.model = model
         with torch.inference_mode():
             self.memory, self.key_mask = model.encode(src_ids, src_mask)
-        batch = self.memory.shape[0]
-        self.prefix = torch.empty(batch, 0, dtype=torch.long, device=self.memory.device)
+        self.prefix = torch.empty(self.memory.shape[0], 0, dtype=torch.long, device=self.memory.device)
 
     @torch.inference_mode()
     def step(self, tokens: Tensor) -> Tensor:
@@ -45,3 +48,6 @@ class UncachedSession:
         self.prefix = self.prefix.index_select(0, index)
         self.memory = self.memory.index_select(0, index)
         self.key_mask = self.key_mask.index_select(0, index)
+
+    def expand(self, group_size: int) -> None:
+        self.reorder(torch.arange(self.memory.shape[0], device=self.memory.device).repeat_interleave(group_size))

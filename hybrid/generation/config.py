@@ -1,0 +1,164 @@
+"""GenerationConfig: every decoding option, with Hugging Face ``generate()`` names, checked before any compute."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hybrid.generation.processors import (
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+from hybrid.generation.stopping import StoppingCriteriaList
+
+
+@dataclass
+class GenerationConfig:
+    """The options of :func:`hybrid.generation.generate`; names and meanings follow transformers.
+
+    Differences worth knowing: ``max_new_tokens`` defaults to 256; padding and BOS are
+    never generated; ``eos_token_id`` and ``pad_token_id`` default to the model's ids.
+    ``return_dict`` is accepted as a short name for ``return_dict_in_generate``.
+    """
+
+    max_new_tokens: int = 256
+    min_new_tokens: int = 0
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = 50  # transformers' default; 0 or None turns the filter off
+    top_p: float = 1.0
+    min_p: float | None = None
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False  # True, False or "never", as in transformers
+    num_return_sequences: int = 1
+    eos_token_id: int | Sequence[int] | None = None
+    pad_token_id: int | None = None
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    bad_words_ids: Sequence[Sequence[int]] | None = None
+    decoder_input_ids: torch.Tensor | None = None
+    logits_processor: Sequence[Callable] | None = None
+    stopping_criteria: Sequence[Callable] | None = None
+    streamer: Any = None
+    return_dict_in_generate: bool = False
+    output_scores: bool | None = None  # None: include scores whenever a dict is returned
+    generator: torch.Generator | None = None
+    use_cache: bool = True
+    eos_check_interval: int | None = None
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> GenerationConfig:
+        """Build and validate a config from ``generate``'s keyword arguments; unknown names are an error."""
+        if "return_dict" in kwargs:
+            kwargs["return_dict_in_generate"] = kwargs.pop("return_dict")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"generate() got unknown keyword arguments {unknown}; allowed: {sorted(known)}")
+        config = cls(**kwargs)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad option and what is allowed."""
+        _int_at_least("max_new_tokens", self.max_new_tokens, 1)
+        _int_at_least("min_new_tokens", self.min_new_tokens, 0)
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(f"min_new_tokens ({self.min_new_tokens}) must not exceed "
+                             f"max_new_tokens ({self.max_new_tokens})")
+        _int_at_least("num_beams", self.num_beams, 1)
+        _int_at_least("num_return_sequences", self.num_return_sequences, 1)
+        _int_at_least("no_repeat_ngram_size", self.no_repeat_ngram_size, 0)
+        if self.top_k is not None:
+            _int_at_least("top_k", self.top_k, 0)
+        if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be a float in (0, 1], got {self.top_p!r}")
+        if self.min_p is not None and (not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be a float in [0, 1] or None, got {self.min_p!r}")
+        if not _is_number(self.temperature) or (self.do_sample and self.temperature <= 0.0):
+            raise ValueError(f"temperature must be a float > 0 when do_sample=True, got {self.temperature!r}")
+        if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0.0:
+            raise ValueError(f"repetition_penalty must be a float > 0, got {self.repetition_penalty!r}")
+        if not _is_number(self.length_penalty):
+            raise ValueError(f"length_penalty must be a float, got {self.length_penalty!r}")
+        if self.early_stopping not in (True, False, "never"):
+            raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
+        if self.num_beams > 1 and self.num_return_sequences > self.num_beams:
+            raise ValueError(f"num_return_sequences ({self.num_return_sequences}) must be <= num_beams "
+                             f"({self.num_beams}) in beam search")
+        if self.num_beams == 1 and not self.do_sample and self.num_return_sequences > 1:
+            raise ValueError("num_return_sequences > 1 needs do_sample=True or num_beams >= num_return_sequences; "
+                             "greedy decoding would return the same sequence each time")
+        if self.num_beams > 1 and self.do_sample:
+            raise ValueError("beam search with do_sample=True (beam sampling) is not supported; "
+                             "use num_beams > 1 or do_sample=True")
+        if self.num_beams > 1 and self.streamer is not None:
+            raise ValueError("streamer cannot be used with beam search (num_beams > 1): the best hypothesis "
+                             "is only known at the end, so no token is final while decoding")
+        if self.streamer is not None and not (hasattr(self.streamer, "put") and hasattr(self.streamer, "end")):
+            raise ValueError("streamer must have put(token_ids) and end() methods")
+        if self.generator is not None and not isinstance(self.generator, torch.Generator):
+            raise ValueError(f"generator must be a torch.Generator, got {type(self.generator).__name__}")
+        if self.eos_check_interval is not None:
+            _int_at_least("eos_check_interval", self.eos_check_interval, 1)
+        for name in ("logits_processor", "stopping_criteria"):
+            value = getattr(self, name)
+            if value is not None and not all(callable(item) for item in value):
+                raise ValueError(f"{name} must be a list of callables (input_ids, scores) -> ...")
+        if self.decoder_input_ids is not None and not isinstance(self.decoder_input_ids, torch.Tensor):
+            raise ValueError("decoder_input_ids must be a LongTensor [batch, length] padded with pad_token_id")
+
+    def eos_ids(self, model_config) -> list[int]:
+        """The end-of-sequence ids: the option's if given, else the model's."""
+        if self.eos_token_id is None:
+            return [model_config.eos_id]
+        ids = [self.eos_token_id] if isinstance(self.eos_token_id, int) else list(self.eos_token_id)
+        if not ids or not all(isinstance(i, int) and 0 <= i < model_config.vocab_size for i in ids):
+            raise ValueError(f"eos_token_id must be an id or a non-empty list of ids in "
+                             f"[0, vocab_size={model_config.vocab_size}), got {self.eos_token_id!r}")
+        return ids
+
+    def logits_processors(self, eos_ids: list[int]) -> LogitsProcessorList:
+        """Penalties and bans, then the user's processors, then (when sampling) the warpers, as in transformers."""
+        processors = LogitsProcessorList()
+        if self.repetition_penalty != 1.0:
+            processors.append(RepetitionPenaltyLogitsProcessor(self.repetition_penalty))
+        if self.no_repeat_ngram_size > 0:
+            processors.append(NoRepeatNGramLogitsProcessor(self.no_repeat_ngram_size))
+        if self.bad_words_ids:
+            processors.append(NoBadWordsLogitsProcessor([list(w) for w in self.bad_words_ids], eos_ids))
+        processors.extend(self.logits_processor or [])
+        if self.do_sample:
+            if self.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(self.temperature))
+            if self.top_k:
+                processors.append(TopKLogitsWarper(self.top_k))
+            if self.top_p < 1.0:
+                processors.append(TopPLogitsWarper(self.top_p))
+            if self.min_p:
+                processors.append(MinPLogitsWarper(self.min_p))
+        return processors
+
+    def stopping(self) -> StoppingCriteriaList:
+        return StoppingCriteriaList(self.stopping_criteria or [])
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _int_at_least(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")

@@ -1,0 +1,67 @@
+"""Stopping criteria: decide, per sequence, whether generation is done.
+
+A criterion is a callable `(input_ids, scores) -> BoolTensor [B]` with Hugging Face transformers'
+signature, True where a sequence is done; `input_ids` (LongTensor [B, t]) are the decoder ids so far,
+BOS column first. As with the logits processors, nothing here reads a tensor back to the host, so
+checking whether to stop never waits on the device; the search strategy decides when to look.
+"""
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from .processors import _check_int, _check_token_ids
+
+StoppingCriterion = Callable[[Tensor, Tensor], Tensor | bool]
+
+
+class MaxNewTokensCriteria:
+    """Stop every sequence once `max_new_tokens` tokens have been generated.
+
+    The count of new tokens is `input_ids.shape[1] - start_length`; an encoder-decoder passes
+    start_length=1 to skip the BOS column. Both arguments must be ints >= 0.
+    """
+
+    def __init__(self, start_length: int, max_new_tokens: int) -> None:
+        self.start_length = _check_int("start_length", start_length, 0)
+        self.max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 0)
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        is_done = input_ids.shape[1] - self.start_length >= self.max_new_tokens
+        return torch.full((input_ids.shape[0],), is_done, dtype=torch.bool, device=input_ids.device)
+
+
+class EosTokenCriteria:
+    """Stop the sequences whose last token is an end-of-sequence id.
+
+    `eos_token_id` is an id or a non-empty list of ids, any of which ends a sequence.
+    """
+
+    def __init__(self, eos_token_id: int | list[int]) -> None:
+        self.eos_token_id = _check_token_ids("eos_token_id", eos_token_id)
+        # Built once per device: copying a list to an accelerator would synchronise with it every step.
+        self._eos_ids: dict[torch.device, Tensor] = {}
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        device = input_ids.device
+        if device not in self._eos_ids:
+            self._eos_ids[device] = torch.tensor(self.eos_token_id, dtype=torch.long, device=device)
+        return torch.isin(input_ids[:, -1], self._eos_ids[device])
+
+
+class StoppingCriteriaList(list[StoppingCriterion]):
+    """A list of stopping criteria that is itself a criterion: a sequence is done when any says so.
+
+    A criterion may answer with a [B] bool tensor, a 0-dim tensor or a Python bool (both meaning the
+    whole batch); the answer is always a [B] bool tensor on `input_ids.device`, all False when empty.
+    """
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        is_done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for criterion in self:
+            answer = criterion(input_ids, scores)
+            if isinstance(answer, Tensor):
+                answer = answer.to(device=is_done.device, dtype=torch.bool)
+            is_done = is_done | answer
+        return is_done
