@@ -25,11 +25,19 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        """Rotate ``x`` (B, nh, T, hd) as if its first position were ``start``."""
+    def forward(self, x: Tensor, start: int | Tensor = 0) -> Tensor:
+        """Rotate ``x`` (B, nh, T, hd) as if its first position were ``start``.
+
+        ``start`` may be a 0-d device tensor, so that a captured CUDA graph can replay the
+        same kernels at every position.
+        """
         length = x.shape[-2]
-        cos = self.cos[start:start + length].to(x.dtype)  # (T, hd)
-        sin = self.sin[start:start + length].to(x.dtype)
+        if isinstance(start, Tensor):
+            positions = start + torch.arange(length, device=start.device)
+            cos, sin = self.cos.index_select(0, positions), self.sin.index_select(0, positions)
+        else:
+            cos, sin = self.cos[start:start + length], self.sin[start:start + length]  # (T, hd)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin

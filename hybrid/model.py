@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_model, save_model
 from torch import Tensor, nn
 
@@ -65,14 +66,14 @@ class DecoderLayer(nn.Module):
         x = x + self.dropout(self.cross(self.cross_norm(x), keys, values, key_mask))
         return x + self.ffn(self.ffn_norm(x))
 
-    def step(self, x: Tensor, layer: int, state: DecodeState) -> Tensor:
+    def step(self, x: Tensor, layer: int, state: DecodeState, position: int | Tensor) -> Tensor:
         """Step form. x: (B, D) -> (B, D), updating this layer's mixer state in place."""
-        x = x + self.mixer.step(self.mixer_norm(x), state.mixer_states[layer], state.position)
+        x = x + self.mixer.step(self.mixer_norm(x), state.mixer_states[layer], position)
         # The rows of one source (beams, samples) query its memory together: (sources, group, D).
         queries = self.cross_norm(x).view(-1, state.group_size, x.shape[-1])
         attended = self.cross(queries, state.cross_keys[layer], state.cross_values[layer], state.memory_mask)
         x = x + attended.view_as(x)
-        return x + self.ffn(self.ffn_norm(x))
+        return x + self.ffn.fc_out(F.gelu(self.ffn.fc_in(self.ffn_norm(x))))  # no dropout: stepping is inference
 
 
 class Seq2Seq(nn.Module):
@@ -179,15 +180,21 @@ class Seq2Seq(nn.Module):
         return self.step_unchecked(token_ids, state)
 
     @torch.inference_mode()
-    def step_unchecked(self, token_ids: Tensor, state: DecodeState) -> Tensor:
-        """:meth:`step` without reading ``token_ids`` on the host (the hot path)."""
-        if state.position >= state.max_length:
-            raise ValueError(f"the decoding state is full: it was started with max_new_tokens="
-                             f"{state.max_length}; start a new one with a larger max_new_tokens")
+    def step_unchecked(self, token_ids: Tensor, state: DecodeState, position: Tensor | None = None) -> Tensor:
+        """:meth:`step` without reading ``token_ids`` on the host (the hot path).
+
+        ``position``, a 0-d device tensor, replaces the state's host-side counter; CUDA-graph
+        decoding (:mod:`hybrid.generation.cuda_graph`) passes it so that replays advance.
+        """
+        if position is None:
+            if state.position >= state.max_length:
+                raise ValueError(f"the decoding state is full: it was started with max_new_tokens="
+                                 f"{state.max_length}; start a new one with a larger max_new_tokens")
+            position = state.position
+            state.position += 1
         x = self.embed(token_ids)  # (B, D)
         for index, layer in enumerate(self.decoder_layers):
-            x = layer.step(x, index, state)
-        state.position += 1
+            x = layer.step(x, index, state, position)
         return self.lm_head(self.decoder_norm(x))  # (B, vocab)
 
     # ----- generation ----------------------------------------------------------------

@@ -49,7 +49,9 @@ class AttentionMixer(Mixer):
         return KVCache(keys=torch.zeros(shape, device=device, dtype=dtype),
                        values=torch.zeros(shape, device=device, dtype=dtype))
 
-    def step(self, x: Tensor, state: KVCache, position: int) -> Tensor:
+    def step(self, x: Tensor, state: KVCache, position: int | Tensor) -> Tensor:
+        if isinstance(position, Tensor):
+            return self._shape_static_step(x, state, position)
         q, k, v = self._project(x.unsqueeze(1), start=position)  # 3 x (B, nh, 1, hd)
         state.keys[:, :, position] = k.squeeze(2)
         state.values[:, :, position] = v.squeeze(2)
@@ -57,4 +59,17 @@ class AttentionMixer(Mixer):
         # so the prefix needs no mask.
         y = F.scaled_dot_product_attention(
             q, state.keys[:, :, :position + 1], state.values[:, :, :position + 1])  # (B, nh, 1, hd)
+        return self.out(merge_heads(y)).squeeze(1)
+
+    def _shape_static_step(self, x: Tensor, state: KVCache, position: Tensor) -> Tensor:
+        """The step with ``position`` on the device: no shape depends on it, so a CUDA graph can replay it.
+
+        It attends over the whole preallocated cache with a mask of the filled positions,
+        trading O(max_length) work per step for launch-free replay.
+        """
+        q, k, v = self._project(x.unsqueeze(1), start=position)  # 3 x (B, nh, 1, hd)
+        state.keys.index_copy_(2, position.view(1), k)
+        state.values.index_copy_(2, position.view(1), v)
+        filled = (torch.arange(state.keys.shape[2], device=x.device) <= position).view(1, -1)  # (1, max_length)
+        y = F.scaled_dot_product_attention(q, state.keys, state.values, attn_mask=filled)  # (B, nh, 1, hd)
         return self.out(merge_heads(y)).squeeze(1)

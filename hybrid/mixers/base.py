@@ -46,6 +46,10 @@ class Mixer(nn.Module):
         """Preallocate the state for ``batch_size`` sequences of up to ``max_length`` steps."""
         raise NotImplementedError
 
-    def step(self, x: Tensor, state: MixerState, position: int) -> Tensor:
-        """One token per sequence: (B, D) at ``position`` -> (B, D); updates ``state`` in place."""
+    def step(self, x: Tensor, state: MixerState, position: int | Tensor) -> Tensor:
+        """One token per sequence: (B, D) at ``position`` -> (B, D); updates ``state`` in place.
+
+        ``position`` is an int when stepping eagerly, or a 0-d device tensor when the step is
+        captured in a CUDA graph; then no shape may depend on it.
+        """
         raise NotImplementedError
