@@ -26,21 +26,35 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin(), persistent=False)
 
     def forward(self, x: Tensor, start: int | Tensor = 0) -> Tensor:
-        """Rotate ``x`` (B, nh, T, hd) as if its first position were ``start``.
+        """Rotate ``x`` (B, T, ..., hd) as if its first position (dimension 1) were ``start``.
 
         ``start`` may be a 0-d device tensor, so that a captured CUDA graph can replay the
         same kernels at every position.
         """
-        length = x.shape[-2]
+        length = x.shape[1]
         if isinstance(start, Tensor):
             positions = start + torch.arange(length, device=start.device)
             cos, sin = self.cos.index_select(0, positions), self.sin.index_select(0, positions)
         else:
             cos, sin = self.cos[start:start + length], self.sin[start:start + length]  # (T, hd)
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        broadcast = (length,) + (1,) * (x.dim() - 3) + (x.shape[-1],)  # (T, 1, ..., hd)
+        cos, sin = cos.view(broadcast).to(x.dtype), sin.view(broadcast).to(x.dtype)
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
+
+
+def project_qkv(qkv: Tensor, n_heads: int, rotary: RotaryEmbedding, start: int | Tensor = 0):
+    """Fused projection (B, T, 3D) -> rotated q, k and v, each (B, nh, T, hd).
+
+    Queries and keys are rotated together, in one pass, because at decode time every
+    small op costs more in overhead than in arithmetic.
+    """
+    batch, length, width = qkv.shape
+    qkv = qkv.view(batch, length, 3, n_heads, width // (3 * n_heads))  # (B, T, 3, nh, hd)
+    qk = rotary(qkv[:, :, :2], start)  # (B, T, 2, nh, hd)
+    q, k = qk.unbind(dim=2)
+    return q.transpose(1, 2), k.transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
 
 
 class FeedForward(nn.Module):
@@ -81,8 +95,7 @@ class EncoderSelfAttention(nn.Module):
 
     def forward(self, x: Tensor, key_mask: Tensor) -> Tensor:
         """x: (B, S, D); key_mask: (B, 1, 1, S) bool, True on real tokens."""
-        q, k, v = (split_heads(t, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1))  # 3 x (B, nh, S, hd)
-        q, k = self.rotary(q), self.rotary(k)
+        q, k, v = project_qkv(self.qkv(x), self.n_heads, self.rotary)  # 3 x (B, nh, S, hd)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=key_mask, dropout_p=self.dropout if self.training else 0.0)
         return self.out(merge_heads(y))

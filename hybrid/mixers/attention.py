@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hybrid.layers import RotaryEmbedding, merge_heads, split_heads
+from hybrid.layers import RotaryEmbedding, merge_heads, project_qkv
 from hybrid.mixers.base import Mixer, MixerState
 
 
@@ -34,9 +34,8 @@ class AttentionMixer(Mixer):
         self.rotary = RotaryEmbedding(config.head_dim, config.max_positions)
         self.dropout = config.dropout
 
-    def _project(self, x: Tensor, start: int) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v = (split_heads(t, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1))  # 3 x (B, nh, T, hd)
-        return self.rotary(q, start), self.rotary(k, start), v
+    def _project(self, x: Tensor, start: int | Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return project_qkv(self.qkv(x), self.n_heads, self.rotary, start)  # 3 x (B, nh, T, hd)
 
     def forward(self, x: Tensor) -> Tensor:
         q, k, v = self._project(x, start=0)
