@@ -28,16 +28,19 @@ class RotaryEmbedding(nn.Module):
     def forward(self, x: Tensor, start: int | Tensor = 0) -> Tensor:
         """Rotate ``x`` (B, T, ..., hd) as if its first position (dimension 1) were ``start``.
 
-        ``start`` may be a 0-d device tensor, so that a captured CUDA graph can replay the
-        same kernels at every position.
+        ``start`` may be a device tensor, 0-d or one position per row (B,), so that a captured
+        CUDA graph can replay the same kernels at every position, and rows of one batch can
+        be at different positions (continuous refill).
         """
         length = x.shape[1]
-        if isinstance(start, Tensor):
-            positions = start + torch.arange(length, device=start.device)
+        if isinstance(start, Tensor):  # (), or (B,) when every row is at its own position
+            positions = (start.view(-1, 1) + torch.arange(length, device=start.device)).flatten()
             cos, sin = self.cos.index_select(0, positions), self.sin.index_select(0, positions)
+            rows = start.numel()
         else:
             cos, sin = self.cos[start:start + length], self.sin[start:start + length]  # (T, hd)
-        broadcast = (length,) + (1,) * (x.dim() - 3) + (x.shape[-1],)  # (T, 1, ..., hd)
+            rows = 1
+        broadcast = (rows, length) + (1,) * (x.dim() - 3) + (x.shape[-1],)  # (1 or B, T, 1, ..., hd)
         cos, sin = cos.view(broadcast).to(x.dtype), sin.view(broadcast).to(x.dtype)
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)

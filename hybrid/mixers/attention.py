@@ -63,12 +63,16 @@ class AttentionMixer(Mixer):
     def _shape_static_step(self, x: Tensor, state: KVCache, position: Tensor) -> Tensor:
         """The step with ``position`` on the device: no shape depends on it, so a CUDA graph can replay it.
 
-        It attends over the whole preallocated cache with a mask of the filled positions,
-        trading O(max_length) work per step for launch-free replay.
+        ``position`` is 0-d, or (B,) when rows sit at different positions (a slot-indexed
+        cache that finished rows hand to new sources). It attends over the whole
+        preallocated cache with a mask of each row's filled positions, trading O(max_length)
+        work per step for launch-free replay and per-row positions.
         """
-        q, k, v = self._project(x.unsqueeze(1), start=position)  # 3 x (B, nh, 1, hd)
-        state.keys.index_copy_(2, position.view(1), k)
-        state.values.index_copy_(2, position.view(1), v)
-        filled = (torch.arange(state.keys.shape[2], device=x.device) <= position).view(1, -1)  # (1, max_length)
-        y = F.scaled_dot_product_attention(q, state.keys, state.values, attn_mask=filled)  # (B, nh, 1, hd)
-        return self.out(merge_heads(y)).squeeze(1)
+        positions = position.expand(x.shape[0])  # (B,): one shared position, or one per row
+        q, k, v = self._project(x.unsqueeze(1), start=positions)  # 3 x (B, nh, 1, hd)
+        slot = positions.view(-1, 1, 1, 1).expand_as(k)
+        state.keys.scatter_(2, slot, k)
+        state.values.scatter_(2, slot, v)
+        filled = torch.arange(state.keys.shape[2], device=x.device) <= positions[:, None]  # (B, max_length)
+        y = F.scaled_dot_product_attention(q, state.keys, state.values, attn_mask=filled[:, None, None, :])
+        return self.out(merge_heads(y)).squeeze(1)  # (B, D)

@@ -37,3 +37,21 @@ def test_cuda_graph_decoding_equals_eager_greedy(mixer_pattern):
         tokens = logits.argmax(dim=-1)
         eager.append(tokens)
     assert torch.equal(graphed, torch.stack(eager, dim=1))
+
+
+def test_rows_at_different_positions_step_like_each_row_alone(mixer_pattern):
+    # What continuous refill needs: a slot-indexed state whose rows are at their own positions.
+    model = tiny_model(mixer_pattern, seed=7)
+    src, tgt = padded_batch([4, 6], seed=8), padded_batch([8, 8], seed=9)
+    state = model.start(src, max_new_tokens=8)
+    positions = torch.tensor([0, 0])
+    model.step_unchecked(tgt[:, 0], state, positions)
+    positions = torch.tensor([1, 0])  # row 1 restarts: its state is reset and its position rewound
+    with torch.inference_mode():
+        for mixer_state in state.mixer_states:
+            for tensor in mixer_state.tensors():
+                tensor[1].zero_()
+    logits = model.step_unchecked(torch.stack([tgt[0, 1], tgt[1, 0]]), state, positions)
+    alone = model.start(src[1:], max_new_tokens=8)
+    assert (logits[1] - model.step(tgt[1:, 0], alone)[0]).abs().max().item() <= 1e-4
+    assert (logits[0] - model(src[:1], tgt[:1, :2])[0, 1]).abs().max().item() <= 1e-4
