@@ -1,16 +1,265 @@
-"""The ``hybrid`` command line."""
+"""The ``hybrid`` command.
+
+``fit``, ``validate`` and ``test`` (Lightning's verbs) and ``generate`` are configured by Hydra from
+``hybrid.configs``: they take overrides (``hybrid fit model=transformer trainer.max_epochs=3``),
+``-m`` for a sweep, and Hydra's own flags (``hybrid fit --cfg job`` prints the composed config).
+Each run writes its composed config to ``.hydra/`` in its output folder. ``export`` and ``demo``
+take ordinary flags. Lightning is imported only by the verbs that train or evaluate, so
+``generate``, ``export`` and ``demo`` need neither it nor its start-up time.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import logging
+import os
+import re
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
+import hydra
 import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 
 from hybrid.config import ModelConfig
+from hybrid.generation.config import GenerationConfig
 from hybrid.model import Seq2Seq
+from hybrid.training.checkpoint import export_checkpoint, load_for_inference, read_checkpoint
+from hybrid.training.tokenizer import BOS_ID, EOS_ID, PAD_ID, Seq2SeqTokenizer
+
+if TYPE_CHECKING:
+    from lightning import Trainer
+
+    from hybrid.training import LitSeq2Seq, Seq2SeqDataModule
+
+logger = logging.getLogger(__name__)
+
+CONFIG_PATH = "pkg://hybrid.configs"  # the installed package, so the command works from any folder
+# GenerationConfig options that hold Python objects or shape the return value, not the decoding.
+NOT_ON_THE_COMMAND_LINE = frozenset({"decoder_input_ids", "logits_processor", "stopping_criteria", "streamer",
+                                     "return_dict_in_generate", "output_scores", "generator"})
+GENERATION_OPTIONS = frozenset(f.name for f in dataclasses.fields(GenerationConfig)) - NOT_ON_THE_COMMAND_LINE
+
+
+# ----- fit, validate, test -------------------------------------------------------------
+
+
+def run_fit(cfg: DictConfig) -> Trainer:
+    """Train as ``cfg`` (the composed ``config.yaml``) says; returns the Trainer, which holds the module.
+
+    ``ckpt_path`` resumes a run (``"last"``: this run name's newest ``last.ckpt``); ``init_from``
+    starts from a checkpoint's weights with a fresh optimiser. Either way the checkpoint's model
+    config and vocabulary are used, so the weights fit. Then, if asked, tests the best checkpoint
+    (``test_after_fit``) and prints example predictions (``print_examples``).
+    """
+    lightning = _import_lightning()
+    if cfg.ckpt_path and cfg.init_from:
+        raise ValueError("give ckpt_path (resume a run) or init_from (start from its weights), not both")
+    lightning.seed_everything(cfg.seed, workers=True)
+    datamodule: Seq2SeqDataModule = instantiate(cfg.data, _convert_="all")
+    resume_from = resolve_ckpt_path(cfg)
+    start = resume_from or cfg.init_from
+    if start:
+        trained = read_checkpoint(start)
+        logger.info("the model config and vocabulary come from %s; model.* settings are not used", start)
+        datamodule.tokenizer = trained.tokenizer
+        model_config = trained.config
+    else:
+        model_config = model_config_from(cfg.model, datamodule.vocab_size)
+    module = build_module(cfg, model_config, datamodule)
+    if cfg.init_from:
+        module.model.load_state_dict(trained.state_dict)
+    trainer = build_trainer(cfg)
+    if resume_from:
+        logger.info("resuming %s from step %d", resume_from, trained.global_step)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+    if cfg.test_after_fit:
+        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        trainer.test(module, datamodule=datamodule, ckpt_path=best or None)
+    if cfg.print_examples and trainer.is_global_zero:
+        print_examples(module.model, datamodule, cfg.print_examples)
+    return trainer
+
+
+def run_validate(cfg: DictConfig) -> list[dict[str, float]]:
+    """Score the checkpoint ``cfg.ckpt_path`` on the validation split of ``cfg.data``."""
+    return _evaluate(cfg, "validate")
+
+
+def run_test(cfg: DictConfig) -> list[dict[str, float]]:
+    """Score the checkpoint ``cfg.ckpt_path`` on the test split of ``cfg.data``."""
+    return _evaluate(cfg, "test")
+
+
+def _evaluate(cfg: DictConfig, verb: str) -> list[dict[str, float]]:
+    lightning = _import_lightning()
+    path = resolve_ckpt_path(cfg)
+    if not path:
+        raise ValueError(f"hybrid {verb} needs ckpt_path=<checkpoint> (or ckpt_path=last), with the data "
+                         "(or experiment) the model was trained on")
+    lightning.seed_everything(cfg.seed, workers=True)
+    trained = read_checkpoint(path)
+    datamodule: Seq2SeqDataModule = instantiate(cfg.data, _convert_="all")
+    datamodule.tokenizer = trained.tokenizer  # the ids the model was trained with
+    module = build_module(cfg, trained.config, datamodule)
+    module.model.load_state_dict(trained.state_dict)
+    trainer = build_trainer(cfg)
+    results = getattr(trainer, verb)(module, datamodule=datamodule)
+    if cfg.print_examples and trainer.is_global_zero:
+        print_examples(module.model, datamodule, cfg.print_examples)
+    return results
+
+
+def _import_lightning() -> ModuleType:
+    import lightning
+
+    # `import lightning` gives its logger a console handler of its own, yet its records also reach
+    # the root logger that Hydra set up: without this, each line would print twice.
+    if logging.getLogger().hasHandlers():
+        for handler in list(logging.getLogger("lightning").handlers):
+            logging.getLogger("lightning").removeHandler(handler)
+    return lightning
+
+
+def model_config_from(model: DictConfig | dict[str, Any], vocab_size: int) -> ModelConfig:
+    """The ``ModelConfig`` of the ``model`` config node, with the data's vocabulary and the fixed special ids."""
+    fields = OmegaConf.to_container(model, resolve=True) if isinstance(model, DictConfig) else dict(model)
+    return ModelConfig.from_dict({**fields, "vocab_size": vocab_size, "pad_id": PAD_ID, "bos_id": BOS_ID,
+                                  "eos_id": EOS_ID})
+
+
+def build_module(cfg: DictConfig, model_config: ModelConfig, datamodule: Seq2SeqDataModule) -> LitSeq2Seq:
+    """``LitSeq2Seq`` with the ``module`` config node; ``module.metrics: null`` means the data's own metrics."""
+    from hybrid.training.module import LitSeq2Seq, default_sequence_metrics
+
+    options = OmegaConf.to_container(cfg.module, resolve=True)
+    if options.get("metrics") is None:
+        options["metrics"] = default_sequence_metrics(datamodule)
+    return LitSeq2Seq(model_config.to_dict(), tokenizer=datamodule.tokenizer, **options)
+
+
+def build_trainer(cfg: DictConfig) -> Trainer:
+    """The Trainer of the ``trainer`` node, with every callback of ``callbacks`` and logger of ``logger``
+    (one set to null, e.g. ``callbacks.early_stopping=null``, is left out)."""
+    callbacks = [instantiate(node) for node in (cfg.get("callbacks") or {}).values() if node is not None]
+    loggers = [instantiate(node) for node in (cfg.get("logger") or {}).values() if node is not None]
+    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, _convert_="all")
+
+
+def resolve_ckpt_path(cfg: DictConfig) -> str | None:
+    """``cfg.ckpt_path``, with ``"last"`` resolved to the newest ``checkpoints/last.ckpt`` of this run's
+    own folder or, failing that, of any earlier run of the same name (under ``paths.run_dir``)."""
+    if cfg.ckpt_path != "last":
+        return cfg.ckpt_path
+    own = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    if own.is_file():
+        return str(own)
+    earlier = sorted(Path(cfg.paths.run_dir).glob("*/checkpoints/last.ckpt"), key=lambda path: path.stat().st_mtime)
+    if not earlier:
+        raise FileNotFoundError(f"ckpt_path=last: no checkpoints/last.ckpt in {cfg.paths.output_dir} or in the runs "
+                                f"under {cfg.paths.run_dir}; give the checkpoint's path instead")
+    return str(earlier[-1])
+
+
+def print_examples(model: Seq2Seq, datamodule: Seq2SeqDataModule, count: int) -> None:
+    """Print ``count`` test sources with the model's greedy prediction, the reference, and the median
+    decoding time per generated token, one source at a time (batch 1, the latency case)."""
+    datamodule.setup("test")
+    tokenizer, examples = datamodule.tokenizer, datamodule.datasets["test"][:count]
+    model.eval()
+    device = next(model.parameters()).device
+
+    def decode(source_ids: list[int]) -> torch.Tensor:
+        return model.generate(torch.tensor([source_ids], device=device), max_new_tokens=2 * len(source_ids) + 10)
+
+    decode(examples[0].source_ids)  # warm-up: the first call pays for allocations
+    rows, seconds_per_token = [], []
+    for example in examples:
+        begin = time.perf_counter()
+        ids = decode(example.source_ids)
+        seconds_per_token.append((time.perf_counter() - begin) / ids.shape[1])
+        prediction = tokenizer.decode(ids[0])
+        rows.append((example.source, prediction, example.target, "ok" if prediction == example.target else "x"))
+    widths = [max(len(row[column]) for row in rows) for column in range(2)]
+    print(f"{'source':<{widths[0]}}  {'prediction':<{widths[1]}}  reference")
+    for source, prediction, reference, mark in rows:
+        print(f"{source:<{widths[0]}}  {prediction:<{widths[1]}}  {reference}  {mark}")
+    print(f"greedy decoding, one source at a time on {device.type}: "
+          f"{1000 * statistics.median(seconds_per_token):.2f} ms per generated token (median over {len(rows)})")
+
+
+# ----- generate --------------------------------------------------------------------------
+
+
+def run_generate(cfg: DictConfig) -> list[list[str]]:
+    """Decode every line of ``cfg.input`` (a file, or standard input) and write one line per source to
+    ``cfg.output`` (a file, or standard output), in input order; returns the predictions."""
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    model, tokenizer = load_for_inference(cfg.ckpt_path, device)
+    options = OmegaConf.to_container(cfg.generation, resolve=True)
+    if options["do_sample"]:
+        options["generator"] = torch.Generator(device).manual_seed(cfg.seed)
+    sources = _read_lines(cfg.input)
+    begin = time.perf_counter()
+    predictions = predict(model, tokenizer, sources, batch_size=cfg.batch_size, **options)
+    logger.info("decoded %d sources in %.2f s", len(sources), time.perf_counter() - begin)
+    _write_lines(cfg.output, ("\t".join(texts) for texts in predictions))
+    return predictions
+
+
+def predict(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, sources: Sequence[str], batch_size: int = 64,
+            **options: Any) -> list[list[str]]:
+    """The decoded texts of each source (``num_return_sequences`` of them), in the order given.
+
+    Sources are decoded ``batch_size`` at a time in order of length, so a batch carries little
+    padding; ``options`` are :func:`hybrid.generation.generate`'s. An empty source gets empty texts.
+    """
+    copies = options.get("num_return_sequences", 1)
+    device = next(model.parameters()).device
+    encoded = [tokenizer.encode_source(source) for source in sources]
+    predictions = [[""] * copies for _ in sources]
+    order = sorted((index for index, ids in enumerate(encoded) if ids), key=lambda index: len(encoded[index]))
+    for first in range(0, len(order), batch_size):
+        indices = order[first:first + batch_size]
+        rows = [torch.tensor(encoded[index]) for index in indices]
+        src_ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=PAD_ID).to(device)
+        texts = tokenizer.batch_decode(model.generate(src_ids, src_ids.ne(PAD_ID), **options))
+        for position, index in enumerate(indices):
+            predictions[index] = texts[position * copies:(position + 1) * copies]
+    return predictions
+
+
+def _read_lines(path: str | None) -> list[str]:
+    if path is None or path == "-":
+        return [line.rstrip("\r\n") for line in sys.stdin]
+    return Path(path).read_text(encoding="utf-8").splitlines()
+
+
+def _write_lines(path: str | None, lines: Iterable[str]) -> None:
+    text = "".join(f"{line}\n" for line in lines)
+    if path is None or path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        Path(path).write_text(text, encoding="utf-8")
+
+
+# ----- export and demo --------------------------------------------------------------
+
+
+
+
+def export(args: argparse.Namespace) -> None:
+    """Write a checkpoint's model and tokenizer to a folder that loads without Lightning or Hydra."""
+    directory = export_checkpoint(args.checkpoint, args.directory)
+    print(f"wrote {directory}: load it with Seq2Seq.from_pretrained and Seq2SeqTokenizer.load")
 
 
 def demo(args: argparse.Namespace) -> None:
@@ -37,10 +286,61 @@ def demo(args: argparse.Namespace) -> None:
               f"({out.shape[1]} steps, {model.num_parameters():,} parameters)")
 
 
+# ----- the command line ------------------------------------------------------------------
+
+HYDRA_COMMANDS: dict[str, tuple[str, Callable[[DictConfig], Any], str]] = {
+    "fit": ("config", run_fit, "train: hybrid fit [experiment=NAME] [model=transformer] [trainer.max_epochs=N]"),
+    "validate": ("config", run_validate, "score a checkpoint on the validation split: hybrid validate ckpt_path=..."),
+    "test": ("config", run_test, "score a checkpoint on the test split: hybrid test ckpt_path=..."),
+    "generate": ("generate", run_generate,
+                 "decode lines: hybrid generate ckpt_path=... input=words.txt output=preds.txt num_beams=4"),
+}
+
+
+def run_hydra_command(command: str, overrides: Sequence[str]) -> None:
+    """Run ``hybrid <command> <overrides>`` through ``hydra.main`` (run folder, logging, ``-m`` sweeps)."""
+    config_name, run, _ = HYDRA_COMMANDS[command]
+    if command == "generate":
+        overrides = [qualify_generation_option(override) for override in overrides]
+    command_line = [sys.argv[0], command, *overrides]
+    os.environ["HYBRID_COMMAND"] = command  # hydra.job.name, so the run's log file is <command>.log
+
+    @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=config_name)
+    def task(cfg: DictConfig) -> Any:
+        # Lightning's DDP launcher starts each worker by rerunning sys.argv, which must name the verb.
+        sys.argv = command_line
+        return run(cfg)
+
+    saved = sys.argv
+    sys.argv = [sys.argv[0], *overrides]  # where hydra.main reads its overrides
+    try:
+        task()
+    finally:
+        sys.argv = saved
+
+
+def qualify_generation_option(override: str) -> str:
+    """``num_beams=4`` -> ``generation.num_beams=4``: generation options may be given without their node."""
+    match = re.fullmatch(r"([+~]{0,2})(\w+)(=.*)?", override, flags=re.S)
+    if match and match.group(2) in GENERATION_OPTIONS:
+        prefix, key, rest = match.groups()
+        return f"{prefix}generation.{key}{rest or ''}"
+    return override
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="hybrid", description="Transformer encoder + LSTM decoder: train, decode, benchmark.")
+        prog="hybrid", description="Transformer encoder + LSTM decoder: train, decode, export, benchmark.",
+        epilog="fit, validate, test and generate take Hydra overrides (KEY=VALUE, -m for a sweep, --help for "
+               "Hydra's help); the configs are in the hybrid.configs package (configs/ in the repository).")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, _, description) in HYDRA_COMMANDS.items():
+        commands.add_parser(name, help=description, add_help=False)  # main() hands these to Hydra first
+    command = commands.add_parser("export", help="write a checkpoint as a folder that Seq2Seq.from_pretrained "
+                                                 "and Seq2SeqTokenizer.load read, without Lightning or Hydra")
+    command.add_argument("checkpoint", help="a .ckpt file written by hybrid fit")
+    command.add_argument("directory", help="the folder to write (created if needed)")
+    command.set_defaults(run=export)
     command = commands.add_parser("demo", help="time greedy decoding of small random LSTM and attention decoders")
     command.add_argument("--batch-size", type=int, default=1)
     command.add_argument("--source-length", type=int, default=32)
@@ -57,10 +357,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``hybrid`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in HYDRA_COMMANDS:
+        run_hydra_command(argv[0], argv[1:])
+        return
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return

@@ -1,0 +1,30 @@
+"""Training: the Lightning module, the data modules, the tokenizer and the synthetic tasks.
+
+The tokenizer and the tasks are plain Python. Everything that needs Lightning (``LitSeq2Seq``,
+the data modules) is imported on first use, so inference can load a tokenizer without Lightning.
+"""
+
+import importlib
+from typing import Any
+
+from hybrid.training.tasks import SyntheticTask
+from hybrid.training.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Seq2SeqTokenizer
+
+_LIGHTNING_EXPORTS = {
+    "LitSeq2Seq": "hybrid.training.module",
+    "Seq2SeqDataModule": "hybrid.training.data",
+    "SyntheticDataModule": "hybrid.training.data",
+    "G2PDataModule": "hybrid.training.data",
+    "TextDataModule": "hybrid.training.data",
+    "collate": "hybrid.training.data",
+    "read_parallel_file": "hybrid.training.data",
+    "ParseReport": "hybrid.training.data",
+}
+
+__all__ = ["Seq2SeqTokenizer", "SyntheticTask", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", *_LIGHTNING_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LIGHTNING_EXPORTS:
+        return getattr(importlib.import_module(_LIGHTNING_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

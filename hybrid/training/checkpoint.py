@@ -1,0 +1,76 @@
+"""Trained models without Lightning: read a training checkpoint, load a model for inference, export.
+
+A ``LitSeq2Seq`` checkpoint holds the weights under ``state_dict`` (prefixed ``model.``), the
+``ModelConfig`` as a plain dict under ``model_config`` and the tokenizer as a JSON string under
+``tokenizer``, so it is read with ``torch.load(..., weights_only=True)``, never through pickle.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from hybrid.config import ModelConfig
+from hybrid.model import CONFIG_FILE, Seq2Seq
+from hybrid.training.tokenizer import Seq2SeqTokenizer
+
+_MODEL_PREFIX = "model."  # LitSeq2Seq keeps the network in self.model
+
+
+@dataclass
+class TrainedModel:
+    """What a training checkpoint holds for inference: the config, the vocabulary and the weights."""
+
+    config: ModelConfig
+    tokenizer: Seq2SeqTokenizer
+    state_dict: dict[str, Tensor]
+    global_step: int
+
+    def build(self, device: str | torch.device = "cpu") -> Seq2Seq:
+        """The model with these weights, on ``device``, in eval mode."""
+        model = Seq2Seq(self.config)
+        model.load_state_dict(self.state_dict, strict=True)
+        return model.to(device).eval()
+
+
+def read_checkpoint(path: str | os.PathLike) -> TrainedModel:
+    """Read a ``LitSeq2Seq`` checkpoint with ``weights_only=True`` (plain data and tensors only)."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    missing = [key for key in ("state_dict", "model_config", "tokenizer") if checkpoint.get(key) is None]
+    if missing:
+        raise ValueError(f"{path} lacks {missing}: it was not written by hybrid's LitSeq2Seq with a tokenizer")
+    weights = {key.removeprefix(_MODEL_PREFIX): value for key, value in checkpoint["state_dict"].items()
+               if key.startswith(_MODEL_PREFIX)}
+    return TrainedModel(ModelConfig.from_dict(checkpoint["model_config"]),
+                        Seq2SeqTokenizer.from_json_str(checkpoint["tokenizer"]),
+                        weights, checkpoint.get("global_step", 0))
+
+
+def load_for_inference(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[Seq2Seq, Seq2SeqTokenizer]:
+    """The model (eval mode, on ``device``) and tokenizer from a training checkpoint file or an
+    exported folder (see :func:`export_checkpoint`)."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / CONFIG_FILE).is_file():
+            raise FileNotFoundError(f"{path} is a folder without {CONFIG_FILE}: expected one written by "
+                                    "`hybrid export`, or give a .ckpt file")
+        return Seq2Seq.from_pretrained(path, device=device), Seq2SeqTokenizer.load(path)
+    trained = read_checkpoint(path)
+    return trained.build(device), trained.tokenizer
+
+
+def export_checkpoint(checkpoint_path: str | os.PathLike, directory: str | os.PathLike) -> Path:
+    """Write a training checkpoint's model (``save_pretrained``) and tokenizer into ``directory``.
+
+    The folder loads with ``Seq2Seq.from_pretrained(directory)`` and
+    ``Seq2SeqTokenizer.load(directory)``, with neither Lightning nor Hydra installed.
+    """
+    model, tokenizer = load_for_inference(checkpoint_path)
+    directory = Path(directory)
+    model.save_pretrained(directory)
+    tokenizer.save(directory)
+    return directory

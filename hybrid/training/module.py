@@ -1,0 +1,239 @@
+"""LitSeq2Seq: the Lightning module that trains a Seq2Seq and scores what it decodes.
+
+The network is a plain :class:`hybrid.Seq2Seq` held in ``self.model``; this wrapper adds the
+loss, the optimiser and its schedule, and the metrics. Every stage shares ``_common_step``:
+teacher-forced, label-smoothed cross-entropy plus token accuracy and perplexity. Validation and
+test also greedy-decode their first ``decode_batches`` batches and score the text against the
+references with the task's own sequence metrics. A checkpoint carries the model config and the
+tokenizer as plain data, so it loads with ``torch.load(..., weights_only=True)`` and exports to
+a folder that needs neither Lightning nor Hydra (see :mod:`hybrid.training.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lightning import LightningDataModule, LightningModule
+from torch import Tensor, nn
+from torch.optim import AdamW
+from torch.optim.lr_scheduler import LambdaLR
+from torchmetrics import MeanMetric, Metric
+from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.text import CharErrorRate, CHRFScore, Perplexity, SacreBLEUScore, WordErrorRate
+
+from hybrid.config import ModelConfig
+from hybrid.model import Seq2Seq
+from hybrid.training.data import G2PDataModule, TextDataModule
+from hybrid.training.tokenizer import Seq2SeqTokenizer
+
+STAGES = ("train", "val", "test")
+LR_SCHEDULES = ("cosine", "inverse_sqrt", "constant")
+
+
+class ExactMatch(Metric):
+    """The share of predicted strings equal to their reference."""
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("matches", torch.tensor(0.0), dist_reduce_fx="sum")
+        self.add_state("total", torch.tensor(0.0), dist_reduce_fx="sum")
+
+    def update(self, predictions: Sequence[str], references: Sequence[str]) -> None:
+        self.matches += sum(p == r for p, r in zip(predictions, references, strict=True))
+        self.total += len(references)
+
+    def compute(self) -> Tensor:
+        return self.matches / self.total
+
+
+class SequenceErrorRate(ExactMatch):
+    """The share of predictions with any error: G2P's word error rate, where each example is a word."""
+
+    def compute(self) -> Tensor:
+        return 1.0 - super().compute()
+
+
+# Each task reports its field's usual scores. Over space-separated phonemes, torchmetrics' word
+# error rate is the phoneme error rate. BLEU and chrF are on torchmetrics' 0-1 scale.
+SEQUENCE_METRICS: dict[str, type[Metric]] = {
+    "exact_match": ExactMatch,
+    "per": WordErrorRate,
+    "wer": SequenceErrorRate,
+    "cer": CharErrorRate,
+    "bleu": SacreBLEUScore,
+    "chrf": CHRFScore,
+}
+_CORPUS_METRICS = {"bleu", "chrf"}  # they take a list of references per prediction
+
+
+def default_sequence_metrics(datamodule: LightningDataModule) -> list[str]:
+    """The sequence metrics a task is usually judged by: G2P's phoneme and word error rates, BLEU
+    and chrF for text, the character error rate for the synthetic tasks; exact match for all."""
+    if isinstance(datamodule, G2PDataModule):
+        return ["exact_match", "per", "wer"]
+    if isinstance(datamodule, TextDataModule):
+        return ["exact_match", "bleu", "chrf"]
+    return ["exact_match", "cer"]
+
+
+def lr_multiplier(step: int, schedule: str, warmup_steps: int, total_steps: float, min_lr_ratio: float) -> float:
+    """The fraction of the peak learning rate to use at optimiser step ``step`` (0-based).
+
+    A linear warm-up over ``warmup_steps`` reaches the peak, then ``schedule`` takes over:
+    ``"cosine"`` decays to ``min_lr_ratio`` of the peak at ``total_steps`` and stays there,
+    ``"inverse_sqrt"`` decays as ``sqrt(warmup_steps / step)`` (the original transformer's rule),
+    and ``"constant"`` keeps the peak.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    if schedule == "inverse_sqrt":
+        return math.sqrt(max(warmup_steps, 1) / max(step, warmup_steps, 1))
+    if schedule == "cosine":
+        progress = min(1.0, (step - warmup_steps) / max(1.0, total_steps - warmup_steps))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown lr_schedule {schedule!r}; expected one of {LR_SCHEDULES}")
+
+
+class LitSeq2Seq(LightningModule):
+    """Trains a :class:`hybrid.Seq2Seq` built from ``model_config`` (a ``ModelConfig.to_dict()``).
+
+    ``tokenizer`` turns decoded ids back into text for the sequence metrics, and is saved in every
+    checkpoint (and restored from it by ``load_from_checkpoint``). AdamW with decoupled weight
+    decay on matrices and embeddings only; the learning rate follows :func:`lr_multiplier`, stepped
+    after every optimiser step. Gradient clipping and mixed precision are the Trainer's
+    (``gradient_clip_val``, ``precision``). Logged per stage: ``{stage}/loss`` (label-smoothed, per
+    target token), ``{stage}/accuracy`` (next-token, padding ignored) and ``{stage}/perplexity``
+    (from the unsmoothed cross-entropy); at validation and test also ``{stage}/<metric>`` for each
+    name in ``metrics`` (keys of :data:`SEQUENCE_METRICS`), over the greedy decoding of the first
+    ``decode_batches`` batches (None: all) with at most ``max_new_tokens`` new tokens (None: twice
+    the longest source plus 10).
+    """
+
+    def __init__(
+        self,
+        model_config: dict[str, Any],
+        tokenizer: Seq2SeqTokenizer | None = None,
+        learning_rate: float = 1e-3,
+        weight_decay: float = 0.01,
+        betas: Sequence[float] = (0.9, 0.98),
+        warmup_steps: int = 500,
+        lr_schedule: str = "cosine",
+        min_lr_ratio: float = 0.1,
+        label_smoothing: float = 0.1,
+        decode_batches: int | None = 8,
+        max_new_tokens: int | None = None,
+        metrics: Sequence[str] = ("exact_match",),
+    ) -> None:
+        super().__init__()
+        if lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {lr_schedule!r}")
+        unknown = sorted(set(metrics) - SEQUENCE_METRICS.keys())
+        if unknown:
+            raise ValueError(f"unknown sequence metrics {unknown}; allowed: {sorted(SEQUENCE_METRICS)}")
+        if decode_batches is not None and decode_batches < 0:
+            raise ValueError(f"decode_batches must be >= 0 or None (all), got {decode_batches}")
+        # The tokenizer is kept out of the hyperparameters (loggers would print its whole vocabulary);
+        # on_save_checkpoint stores it instead.
+        self.save_hyperparameters(ignore=["tokenizer"])
+        self.model = Seq2Seq(ModelConfig.from_dict(model_config))
+        self.tokenizer = tokenizer
+        vocab_size, pad_id = self.model.config.vocab_size, self.model.config.pad_id
+        # One metric object per stage and name, keyed "{stage}_{name}" (a key may not be "train",
+        # which nn.Module already has).
+        self.token_metrics = nn.ModuleDict()
+        for stage in STAGES:
+            self.token_metrics[f"{stage}_loss"] = MeanMetric()
+            self.token_metrics[f"{stage}_accuracy"] = MulticlassAccuracy(vocab_size, average="micro",
+                                                                         ignore_index=pad_id)
+            self.token_metrics[f"{stage}_perplexity"] = Perplexity(ignore_index=pad_id)
+        self.sequence_metric_names = list(metrics)
+        self.sequence_metrics = nn.ModuleDict(
+            {f"{stage}_{name}": SEQUENCE_METRICS[name]() for stage in ("val", "test") for name in metrics})
+
+    # ----- steps ---------------------------------------------------------------------
+
+    def _common_step(self, batch: dict[str, Any], stage: str) -> Tensor:
+        """Teacher-forced loss of one batch; updates and logs the stage's token-level metrics."""
+        targets = batch["tgt_out"]  # (B, T)
+        logits = self.model(batch["src_ids"], batch["tgt_in"], batch["src_mask"])  # (B, T, V)
+        pad_id = self.model.config.pad_id
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=pad_id,
+                               label_smoothing=self.hparams.label_smoothing)
+        metrics = self.token_metrics
+        # Calling (not just updating) the metrics gives the per-step values that training logs.
+        metrics[f"{stage}_loss"](loss.detach(), targets.ne(pad_id).sum())
+        metrics[f"{stage}_accuracy"](logits.detach().argmax(dim=-1), targets)
+        metrics[f"{stage}_perplexity"](logits.detach().float(), targets)
+        for name in ("loss", "accuracy", "perplexity"):
+            self.log(f"{stage}/{name}", metrics[f"{stage}_{name}"], on_step=stage == "train", on_epoch=True,
+                     prog_bar=name == "loss", batch_size=targets.shape[0])
+        return loss
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        return self._common_step(batch, "train")
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._common_step(batch, "val")
+        self._score_decoding(batch, batch_idx, "val")
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._common_step(batch, "test")
+        self._score_decoding(batch, batch_idx, "test")
+
+    def _score_decoding(self, batch: dict[str, Any], batch_idx: int, stage: str) -> None:
+        limit = self.hparams.decode_batches
+        if not self.sequence_metric_names or (limit is not None and batch_idx >= limit):
+            return
+        if self.tokenizer is None:
+            raise RuntimeError("LitSeq2Seq needs a tokenizer to score decoded text: pass tokenizer=..., "
+                               "or set decode_batches=0")
+        predictions = self.tokenizer.batch_decode(self.decode(batch["src_ids"], batch["src_mask"]))
+        references = batch["tgt_text"]
+        for name in self.sequence_metric_names:
+            metric = self.sequence_metrics[f"{stage}_{name}"]
+            metric.update(predictions, [[r] for r in references] if name in _CORPUS_METRICS else references)
+            self.log(f"{stage}/{name}", metric, on_step=False, on_epoch=True, batch_size=len(references))
+
+    def decode(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
+        """Greedy decoding, (B, S) -> (B, L) ids, bounded by the ``max_new_tokens`` hyperparameter."""
+        max_new_tokens = self.hparams.max_new_tokens or 2 * src_ids.shape[1] + 10
+        return self.model.generate(src_ids, src_mask, max_new_tokens=max_new_tokens)
+
+    # ----- optimisation --------------------------------------------------------------
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        # Decay weight matrices and embeddings, never biases or norm gains (nanoGPT's rule).
+        decayed = [p for p in self.parameters() if p.dim() >= 2]
+        undecayed = [p for p in self.parameters() if p.dim() < 2]
+        hparams = self.hparams
+        optimizer = AdamW([{"params": decayed, "weight_decay": hparams.weight_decay},
+                           {"params": undecayed, "weight_decay": 0.0}],
+                          lr=hparams.learning_rate, betas=tuple(hparams.betas))
+        total_steps = self.trainer.estimated_stepping_batches
+        if hparams.lr_schedule == "cosine" and not math.isfinite(total_steps):
+            raise ValueError("lr_schedule='cosine' needs a finite training length: set trainer.max_steps "
+                             "or trainer.max_epochs, or use lr_schedule='inverse_sqrt'")
+        # A lambda (not a partial): LambdaLR saves no state for plain functions, keeping checkpoints plain data.
+        scheduler = LambdaLR(optimizer, lambda step: lr_multiplier(
+            step, hparams.lr_schedule, hparams.warmup_steps, total_steps, hparams.min_lr_ratio))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ----- checkpoints ---------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep the model config and the vocabulary in the checkpoint, as plain data (no pickled objects)."""
+        checkpoint["model_config"] = self.model.config.to_dict()
+        checkpoint["tokenizer"] = None if self.tokenizer is None else self.tokenizer.to_json_str()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Restore the tokenizer saved by :meth:`on_save_checkpoint`."""
+        if checkpoint.get("tokenizer") is not None:
+            self.tokenizer = Seq2SeqTokenizer.from_json_str(checkpoint["tokenizer"])

@@ -1,0 +1,115 @@
+"""Synthetic seq2seq tasks that probe what the decoder can carry in its recurrent state.
+
+Every task draws `(source, target)` string pairs from a `random.Random`, so a seed fixes the data.
+Symbols are printable characters (letters for the sequence tasks, digits for addition), which
+keeps the char-level tokenizer sufficient and makes examples readable when printed.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+
+SEQUENCE_SYMBOLS = string.ascii_lowercase + string.ascii_uppercase  # 52 symbols; sorted() orders "A" < "a"
+RECALL_SEPARATOR = "|"  # ends the sequence, in the source and in the target
+QUERY_SEPARATOR = ","  # between the query positions of the recall task
+
+
+@dataclass(frozen=True)
+class SyntheticTask:
+    """One synthetic task and the knobs that size its examples.
+
+    Tasks (`name`):
+      - `copy`: target = source;  `reverse`: target = source reversed;  `sort`: target = sorted(source).
+        The source is `min_length..max_length` symbols drawn from the first `num_symbols` letters.
+      - `addition`: source "123+4567", target "4690". Each operand has `min_length..max_length`
+        digits (no leading zero), so `num_symbols` is unused.
+      - `recall`: source = a sequence `a` of n = `min_length..max_length` letters, "|", then
+        `num_queries` 0-based positions in 0..n-1 written in decimal and separated by ",";
+        target = `sorted(a)`, "|", then the symbol found at each queried position *of sorted(a)*,
+        e.g. "dbca|3,0" -> "abcd|da". Everything is determined by the source. The answers are
+        tokens the decoder itself wrote up to n + num_queries steps earlier, and because sorting
+        moves them, cross-attention cannot find them at the queried position of the source: a
+        decoder without self-attention must have kept its own output in its recurrent state.
+        Raise `max_length` and `num_queries` to make that span longer.
+    """
+
+    name: str
+    min_length: int = 1
+    max_length: int = 16
+    num_symbols: int = 10
+    num_queries: int = 8
+
+    def __post_init__(self) -> None:
+        if self.name not in _GENERATORS:
+            raise ValueError(f"unknown task {self.name!r}; expected one of {sorted(_GENERATORS)}")
+        if not 1 <= self.min_length <= self.max_length:
+            raise ValueError(f"need 1 <= min_length <= max_length, got {self.min_length}, {self.max_length}")
+        if not 1 <= self.num_symbols <= len(SEQUENCE_SYMBOLS):
+            raise ValueError(f"num_symbols must be in 1..{len(SEQUENCE_SYMBOLS)}, got {self.num_symbols}")
+        if self.num_queries < 1:
+            raise ValueError(f"num_queries must be positive, got {self.num_queries}")
+
+    @property
+    def alphabet(self) -> str:
+        """Every character this task can put in a source or a target; the tokenizer's vocabulary."""
+        if self.name == "addition":
+            return string.digits + "+"
+        letters = SEQUENCE_SYMBOLS[: self.num_symbols]
+        if self.name == "recall":
+            return letters + RECALL_SEPARATOR + QUERY_SEPARATOR + string.digits
+        return letters
+
+    def sample(self, rng: random.Random) -> tuple[str, str]:
+        """Draw one `(source, target)` pair using `rng` as the only source of randomness."""
+        return _GENERATORS[self.name](self, rng)
+
+
+def _random_letters(task: SyntheticTask, rng: random.Random) -> str:
+    length = rng.randint(task.min_length, task.max_length)
+    return "".join(rng.choices(SEQUENCE_SYMBOLS[: task.num_symbols], k=length))
+
+
+def _copy(task: SyntheticTask, rng: random.Random) -> tuple[str, str]:
+    source = _random_letters(task, rng)
+    return source, source
+
+
+def _reverse(task: SyntheticTask, rng: random.Random) -> tuple[str, str]:
+    source = _random_letters(task, rng)
+    return source, source[::-1]
+
+
+def _sort(task: SyntheticTask, rng: random.Random) -> tuple[str, str]:
+    source = _random_letters(task, rng)
+    return source, "".join(sorted(source))
+
+
+def _addition(task: SyntheticTask, rng: random.Random) -> tuple[str, str]:
+    def operand() -> int:
+        digits = rng.randint(task.min_length, task.max_length)
+        return rng.randint(0 if digits == 1 else 10 ** (digits - 1), 10**digits - 1)
+
+    left, right = operand(), operand()
+    return f"{left}+{right}", str(left + right)
+
+
+def _recall(task: SyntheticTask, rng: random.Random) -> tuple[str, str]:
+    sequence = _random_letters(task, rng)
+    ordered = "".join(sorted(sequence))
+    positions = [rng.randrange(len(sequence)) for _ in range(task.num_queries)]
+    source = sequence + RECALL_SEPARATOR + QUERY_SEPARATOR.join(map(str, positions))
+    target = ordered + RECALL_SEPARATOR + "".join(ordered[position] for position in positions)
+    return source, target
+
+
+_GENERATORS: dict[str, Callable[[SyntheticTask, random.Random], tuple[str, str]]] = {
+    "copy": _copy,
+    "reverse": _reverse,
+    "sort": _sort,
+    "addition": _addition,
+    "recall": _recall,
+}
+TASK_NAMES: tuple[str, ...] = tuple(_GENERATORS)

@@ -1,0 +1,241 @@
+"""A source/target tokenizer pair over one shared vocabulary, built on HF `tokenizers`.
+
+The model shares its embedding table between encoder and decoder, so both sides must map
+into the same id space; they may still split text differently (G2P reads a word as characters
+and writes phonemes as space-separated symbols). Each side is a plain `tokenizers.Tokenizer`
+whose model holds the full joint vocabulary, so a symbol used on both sides gets one id.
+
+Special tokens are deliberately *not* registered as `tokenizers` added tokens: added tokens are
+matched in raw text, and a target that contains "</s>" (an HTML strike-through tag) must not end
+the sequence. The four specials live only in the vocabulary, at fixed ids, and are inserted by
+the data pipeline and generation code, never by `encode_*`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Literal
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+logger = logging.getLogger(__name__)
+
+Level = Literal["char", "space", "bpe"]
+LEVELS: tuple[str, ...] = ("char", "space", "bpe")
+
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # list order is id order
+
+_SOURCE_FILE, _TARGET_FILE, _LEVELS_FILE = "source_tokenizer.json", "target_tokenizer.json", "levels.json"
+
+
+def _pre_tokenizer(level: str) -> pre_tokenizers.PreTokenizer:
+    if level == "char":
+        return pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every code point, spaces too
+    if level == "space":
+        return pre_tokenizers.WhitespaceSplit()
+    if level == "bpe":
+        # Metaspace keeps word boundaries inside the pieces ("▁the"), so decoding restores spaces.
+        return pre_tokenizers.Metaspace()
+    raise ValueError(f"unknown tokenizer level {level!r}; expected one of {LEVELS}")
+
+
+def _build_side(level: str, vocab: dict[str, int], merges: list[tuple[str, str]]) -> Tokenizer:
+    """One side's tokenizer: the joint vocabulary with this side's way of splitting text."""
+    if level == "bpe":
+        tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=UNK))
+        tokenizer.decoder = decoders.Metaspace()
+    else:
+        tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+        # Characters are glued back together; space-level symbols are joined by the default " ".
+        if level == "char":
+            tokenizer.decoder = decoders.Fuse()
+    tokenizer.pre_tokenizer = _pre_tokenizer(level)
+    return tokenizer
+
+
+def _train_bpe(texts: Iterable[str], vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Train a BPE model with the specials at ids 0-3; return its vocabulary and merges."""
+    tokenizer = Tokenizer(models.BPE(unk_token=UNK))
+    tokenizer.pre_tokenizer = _pre_tokenizer("bpe")
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    model = json.loads(tokenizer.to_str())["model"]
+    return model["vocab"], [tuple(merge) for merge in model["merges"]]
+
+
+class Seq2SeqTokenizer:
+    """Source and target `tokenizers.Tokenizer`s that share one vocabulary and the fixed specials.
+
+    Build one with `Seq2SeqTokenizer.train(...)`, or restore one with `load`/`from_json_str`.
+    `encode_source`/`encode_target` return ids without specials; `decode` turns generated target
+    ids back into text (dropping pad/bos, stopping at eos). Symbols missing from the vocabulary
+    become `<unk>`: each new one is logged once and every occurrence is counted in
+    `unknown_symbols`, so a bad input file shows up in the logs instead of crashing a run.
+    """
+
+    def __init__(self, source: Tokenizer, target: Tokenizer, source_level: str, target_level: str) -> None:
+        if source.get_vocab() != target.get_vocab():
+            raise ValueError("source and target tokenizers must share one vocabulary")
+        for token_id, token in enumerate(SPECIAL_TOKENS):
+            if source.token_to_id(token) != token_id:
+                raise ValueError(f"{token!r} must have id {token_id}, found {source.token_to_id(token)}")
+        self.source = source
+        self.target = target
+        self.source_level = source_level
+        self.target_level = target_level
+        self.unknown_symbols: Counter[str] = Counter()
+
+    @classmethod
+    def train(
+        cls,
+        source_texts: Iterable[str],
+        target_texts: Iterable[str],
+        source_level: Level = "char",
+        target_level: Level = "char",
+        vocab_size: int = 8000,
+    ) -> Seq2SeqTokenizer:
+        """Build the joint vocabulary from example texts of both sides.
+
+        Sides at the `"bpe"` level share one BPE model trained on all their texts together;
+        `vocab_size` bounds that model (it is grown if needed to hold every character seen).
+        The `"char"` and `"space"` sides then add each distinct symbol they contain, in sorted
+        order so the ids do not depend on the order of the texts. For a closed symbol set, passing
+        the alphabet itself as the only text is enough.
+        """
+        levels = {"source": source_level, "target": target_level}
+        texts = {"source": list(source_texts), "target": list(target_texts)}
+        for level in levels.values():
+            _pre_tokenizer(level)  # rejects unknown levels before any work is done
+        bpe_texts = [text for side, level in levels.items() if level == "bpe" for text in texts[side]]
+        if bpe_texts:
+            vocab, merges = _train_bpe(bpe_texts, vocab_size)
+        else:
+            vocab, merges = {token: token_id for token_id, token in enumerate(SPECIAL_TOKENS)}, []
+
+        symbols: set[str] = set()
+        for side, level in levels.items():
+            if level != "bpe":
+                split = _pre_tokenizer(level).pre_tokenize_str
+                symbols.update(piece for text in texts[side] for piece, _ in split(text))
+        for symbol in sorted(symbols - vocab.keys()):
+            vocab[symbol] = len(vocab)
+
+        return cls(
+            _build_side(source_level, vocab, merges),
+            _build_side(target_level, vocab, merges),
+            source_level,
+            target_level,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return self.source.get_vocab_size()
+
+    @property
+    def pad_id(self) -> int:
+        return PAD_ID
+
+    @property
+    def bos_id(self) -> int:
+        return BOS_ID
+
+    @property
+    def eos_id(self) -> int:
+        return EOS_ID
+
+    @property
+    def unk_id(self) -> int:
+        return UNK_ID
+
+    def _encode(self, tokenizer: Tokenizer, text: str) -> list[int]:
+        encoding = tokenizer.encode(text, add_special_tokens=False)
+        for token_id, (start, end) in zip(encoding.ids, encoding.offsets, strict=True):
+            if token_id == UNK_ID:
+                symbol = text[start:end]
+                if symbol not in self.unknown_symbols:
+                    logger.warning("symbol %r is not in the vocabulary; encoding it as %s", symbol, UNK)
+                self.unknown_symbols[symbol] += 1
+        return encoding.ids
+
+    def encode_source(self, text: str) -> list[int]:
+        """Source text to ids, without bos/eos; unknown symbols become `<unk>` and are counted."""
+        return self._encode(self.source, text)
+
+    def encode_target(self, text: str) -> list[int]:
+        """Target text to ids, without bos/eos; unknown symbols become `<unk>` and are counted."""
+        return self._encode(self.target, text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Target ids (a list or 1-D tensor) to text: skip pad and bos, stop at the first eos.
+
+        `<unk>` is kept and printed as "<unk>", so a prediction never looks more correct than it is.
+        """
+        kept = []
+        for token_id in ids.tolist() if hasattr(ids, "tolist") else ids:
+            if token_id == EOS_ID:
+                break
+            if token_id not in (PAD_ID, BOS_ID):
+                kept.append(token_id)
+        return self.target.decode(kept, skip_special_tokens=False)
+
+    def batch_decode(self, batch: Iterable[Sequence[int]]) -> list[str]:
+        """`decode` applied to each row of a batch (a list of id lists or a 2-D tensor)."""
+        return [self.decode(ids) for ids in batch]
+
+    def to_json_str(self) -> str:
+        """The whole tokenizer as one JSON string, e.g. to keep inside a Lightning checkpoint."""
+        return json.dumps(
+            {
+                "source_level": self.source_level,
+                "target_level": self.target_level,
+                "source": json.loads(self.source.to_str()),
+                "target": json.loads(self.target.to_str()),
+            }
+        )
+
+    @classmethod
+    def from_json_str(cls, data: str) -> Seq2SeqTokenizer:
+        """Inverse of `to_json_str`."""
+        parsed = json.loads(data)
+        return cls(
+            Tokenizer.from_str(json.dumps(parsed["source"])),
+            Tokenizer.from_str(json.dumps(parsed["target"])),
+            parsed["source_level"],
+            parsed["target_level"],
+        )
+
+    def save(self, directory: str | Path) -> None:
+        """Write `source_tokenizer.json` and `target_tokenizer.json` (each loadable on its own with
+        `tokenizers.Tokenizer.from_file`) and `levels.json` into `directory`, creating it if needed."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.source.save(str(directory / _SOURCE_FILE))
+        self.target.save(str(directory / _TARGET_FILE))
+        levels = {"source_level": self.source_level, "target_level": self.target_level}
+        (directory / _LEVELS_FILE).write_text(json.dumps(levels, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Seq2SeqTokenizer:
+        """Inverse of `save`."""
+        directory = Path(directory)
+        levels = json.loads((directory / _LEVELS_FILE).read_text())
+        return cls(
+            Tokenizer.from_file(str(directory / _SOURCE_FILE)),
+            Tokenizer.from_file(str(directory / _TARGET_FILE)),
+            levels["source_level"],
+            levels["target_level"],
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Seq2SeqTokenizer(source_level={self.source_level!r}, target_level={self.target_level!r}, "
+            f"vocab_size={self.vocab_size})"
+        )

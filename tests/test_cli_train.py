@@ -1,0 +1,144 @@
+"""The `hybrid` command end to end: fit, resume, test, export, generate, sweeps and DDP, each in a subprocess."""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from hydra.core.hydra_config import HydraConfig
+
+from hybrid import Seq2Seq
+from hybrid.cli import predict, qualify_generation_option, run_fit
+from hybrid.training import Seq2SeqTokenizer
+
+# A model and data small enough that a run is mostly the interpreter starting: 4 steps per epoch.
+TINY = ["experiment=copy_hybrid", "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.encoder_layers=1",
+        "model.decoder_layers=1", "data.max_length=6", "data.train_size=64", "data.val_size=16", "data.test_size=16",
+        "data.batch_size=16", "module.warmup_steps=2", "trainer.accelerator=cpu", "trainer.log_every_n_steps=1",
+        "callbacks.progress_bar=null", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false"]
+SOURCES = ["abc", "", "fedcba", "a"]
+
+
+def hybrid(*args: str, cwd: Path, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "hybrid.cli", *args], cwd=cwd, input=stdin, capture_output=True,
+                            text=True, timeout=timeout)
+    assert result.returncode == 0, f"hybrid {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def run_folders(cwd: Path) -> list[Path]:
+    return sorted((cwd / "outputs" / "copy_hybrid").iterdir())
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory) -> Path:
+    """One epoch of `hybrid fit`; returns its run folder (outputs/copy_hybrid/<time>)."""
+    cwd = tmp_path_factory.mktemp("cli")
+    hybrid("fit", *TINY, "trainer.max_epochs=1", cwd=cwd)
+    (run,) = run_folders(cwd)
+    return run
+
+
+def test_fit_saves_its_config_and_a_plain_data_checkpoint(first_run):
+    run = first_run
+    assert "copy_hybrid" in (run / ".hydra" / "config.yaml").read_text()
+    assert (run / ".hydra" / "overrides.yaml").is_file() and (run / "csv" / "metrics.csv").is_file()
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 4
+    assert checkpoint["model_config"]["decoder_mixers"] == ["lstm"]
+    tokenizer = Seq2SeqTokenizer.from_json_str(checkpoint["tokenizer"])
+    assert tokenizer.vocab_size == checkpoint["model_config"]["vocab_size"]
+
+
+def test_resume_continues_from_the_saved_step(first_run, tmp_path):
+    cwd, run = tmp_path, first_run
+    (cwd / "outputs" / "copy_hybrid").mkdir(parents=True)
+    (cwd / "outputs" / "copy_hybrid" / run.name).symlink_to(run)  # an interrupted run of the same name
+    result = hybrid("fit", *TINY, "trainer.max_epochs=2", "ckpt_path=last", cwd=cwd)
+    assert "from step 4" in result.stderr
+    resumed = next(folder for folder in run_folders(cwd) if folder.name != run.name)
+    assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
+    with open(resumed / "csv" / "metrics.csv") as file:
+        steps = [int(row["step"]) for row in csv.DictReader(file) if row.get("train/loss_step")]
+    assert steps and min(steps) >= 4  # no step of the first epoch was trained again
+
+
+def test_test_command_scores_a_checkpoint(first_run):
+    checkpoint = first_run / "checkpoints" / "last.ckpt"
+    result = hybrid("test", *TINY, f"ckpt_path={checkpoint}", "print_examples=2", cwd=first_run)
+    assert "test/exact_match" in result.stdout and "test/cer" in result.stdout
+    assert "ms per generated token" in result.stdout
+
+
+def test_export_then_generate_round_trip(first_run, tmp_path):
+    checkpoint = first_run / "checkpoints" / "last.ckpt"
+    exported = tmp_path / "exported"
+    hybrid("export", str(checkpoint), str(exported), cwd=tmp_path)
+    model, tokenizer = Seq2Seq.from_pretrained(exported), Seq2SeqTokenizer.load(exported)
+    expected = [texts[0] for texts in predict(model, tokenizer, SOURCES, max_new_tokens=12)]
+    assert expected[1] == ""  # an empty source gets an empty prediction
+
+    (tmp_path / "sources.txt").write_text("\n".join(SOURCES) + "\n")
+    hybrid("generate", f"ckpt_path={exported}", "input=sources.txt", "output=predictions.txt", "max_new_tokens=12",
+           cwd=tmp_path)
+    assert (tmp_path / "predictions.txt").read_text().split("\n")[:-1] == expected
+    from_checkpoint = hybrid("generate", f"ckpt_path={checkpoint}", "generation.max_new_tokens=12", "batch_size=2",
+                             cwd=tmp_path, stdin="\n".join(SOURCES) + "\n")
+    assert from_checkpoint.stdout.split("\n")[:-1] == expected
+    beams = hybrid("generate", f"ckpt_path={exported}", "generation=beam", "num_return_sequences=2",
+                   "max_new_tokens=12", cwd=tmp_path, stdin="abc\n")
+    assert len(beams.stdout.rstrip("\n").split("\t")) == 2
+
+
+def test_exported_model_loads_without_lightning_or_hydra(first_run, tmp_path):
+    hybrid("export", str(first_run / "checkpoints" / "last.ckpt"), str(tmp_path / "exported"), cwd=tmp_path)
+    script = (
+        "import sys; sys.modules['lightning'] = sys.modules['hydra'] = sys.modules['omegaconf'] = None\n"
+        "import torch\n"
+        "from hybrid import Seq2Seq\n"
+        "from hybrid.training import Seq2SeqTokenizer\n"
+        "model, tokenizer = Seq2Seq.from_pretrained('exported'), Seq2SeqTokenizer.load('exported')\n"
+        "ids = torch.tensor([tokenizer.encode_source('abc')])\n"
+        "print(tokenizer.decode(model.generate(ids, max_new_tokens=8)[0]))\n"
+    )
+    subprocess.run([sys.executable, "-c", script], cwd=tmp_path, check=True, capture_output=True, timeout=60)
+
+
+def test_init_from_starts_a_new_run_from_the_weights(first_run, tmp_path):
+    checkpoint = first_run / "checkpoints" / "last.ckpt"
+    overrides = [*TINY, "model.d_model=32", f"init_from={checkpoint}", "debug=fast", f"paths.output_dir={tmp_path}"]
+    with initialize_config_module(config_module="hybrid.configs", version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    HydraConfig().set_config(cfg)
+    trainer = run_fit(cfg)
+    assert trainer.global_step == 1  # a fresh optimiser and schedule, not the resumed step 4
+    assert trainer.lightning_module.model.config.d_model == 16  # the checkpoint's architecture
+    cfg.ckpt_path = "last"
+    with pytest.raises(ValueError, match="not both"):
+        run_fit(cfg)
+
+
+def test_bare_generation_options_go_to_the_generation_node():
+    assert qualify_generation_option("num_beams=4") == "generation.num_beams=4"
+    assert qualify_generation_option("+top_k=3") == "+generation.top_k=3"
+    assert qualify_generation_option("input=words.txt") == "input=words.txt"
+    assert qualify_generation_option("generation.top_p=0.9") == "generation.top_p=0.9"
+
+
+def test_multirun_sweeps_models_and_saves_each_config(tmp_path):
+    hybrid("fit", "-m", *TINY, "model=transformer,hybrid", "trainer.fast_dev_run=true", cwd=tmp_path)
+    jobs = sorted((tmp_path / "outputs" / "multirun").glob("*/*/.hydra/config.yaml"))
+    assert [job.parent.parent.name for job in jobs] == ["0_copy_hybrid", "1_copy_hybrid"]
+    assert "decoder_mixers: attention" in jobs[0].read_text()
+
+
+def test_ddp_trains_on_two_cpu_processes(tmp_path):
+    """Lightning's DDP with the gloo backend: the launcher reruns `hybrid fit` as the second process."""
+    hybrid("fit", *TINY, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=2",
+           "trainer.limit_val_batches=1", cwd=tmp_path, timeout=240)
+    (run,) = run_folders(tmp_path)
+    # 64 examples in batches of 16 split over 2 processes: 2 steps per epoch, not 4.
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4

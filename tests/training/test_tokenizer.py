@@ -1,0 +1,121 @@
+import json
+import logging
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from hybrid.training.tokenizer import Seq2SeqTokenizer
+
+WORDS = ["hello", "world", "tomato", "it's"]
+PHONEMES = ["HH AH0 L OW1", "W ER1 L D", "T AH0 M EY1 T OW2", "IH1 T S"]
+SENTENCES = ["the cat sat on the mat", "a dog sat on a log", "the dog and the cat"]
+TRANSLATIONS = ["le chat est sur le tapis", "un chien sur une bûche", "le chien et le chat"]
+
+
+def test_specials_have_fixed_ids():
+    tokenizer = Seq2SeqTokenizer.train(WORDS, WORDS)
+    assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, tokenizer.unk_id) == (0, 1, 2, 3)
+    for side in (tokenizer.source, tokenizer.target):
+        assert [side.id_to_token(i) for i in range(4)] == ["<pad>", "<s>", "</s>", "<unk>"]
+
+
+def test_char_round_trip_keeps_spaces_and_accents():
+    tokenizer = Seq2SeqTokenizer.train(SENTENCES, TRANSLATIONS, "char", "char")
+    for source, target in zip(SENTENCES, TRANSLATIONS, strict=True):
+        assert len(tokenizer.encode_source(source)) == len(source)
+        assert tokenizer.decode(tokenizer.encode_target(target)) == target
+    assert tokenizer.vocab_size == 4 + len(set("".join(SENTENCES + TRANSLATIONS)))
+
+
+def test_space_level_target_with_char_source_shares_one_id_space():
+    tokenizer = Seq2SeqTokenizer.train(WORDS, PHONEMES, "char", "space")
+    for word, phonemes in zip(WORDS, PHONEMES, strict=True):
+        assert len(tokenizer.encode_source(word)) == len(word)
+        assert len(tokenizer.encode_target(phonemes)) == len(phonemes.split())
+        assert tokenizer.decode(tokenizer.encode_target(phonemes)) == phonemes
+    source_ids = {i for word in WORDS for i in tokenizer.encode_source(word)}
+    target_ids = {i for phonemes in PHONEMES for i in tokenizer.encode_target(phonemes)}
+    assert not source_ids & target_ids  # letters and phonemes are different symbols...
+    assert max(source_ids | target_ids) < tokenizer.vocab_size  # ...in one id space
+
+
+def test_symbol_on_both_sides_gets_one_id():
+    tokenizer = Seq2SeqTokenizer.train(["abc"], ["cde"], "char", "char")
+    assert tokenizer.encode_source("c") == tokenizer.encode_target("c")
+    assert tokenizer.vocab_size == 4 + 5
+
+
+@pytest.mark.parametrize("target_level", ["bpe", "space"])
+def test_bpe_round_trip(target_level):
+    targets = TRANSLATIONS if target_level == "bpe" else PHONEMES[:3]
+    tokenizer = Seq2SeqTokenizer.train(SENTENCES, targets, "bpe", target_level, vocab_size=60)
+    for source in SENTENCES:
+        ids = tokenizer.encode_source(source)
+        assert len(ids) < len(source)  # merges happened
+        assert tokenizer.unk_id not in ids
+    for target in targets:
+        assert tokenizer.decode(tokenizer.encode_target(target)) == target
+
+
+def test_joint_bpe_is_trained_on_both_sides():
+    tokenizer = Seq2SeqTokenizer.train(["aaaa aaaa"] * 10, ["zzzz zzzz"] * 10, "bpe", "bpe", vocab_size=40)
+    assert len(tokenizer.encode_source("aaaa")) == 1
+    assert len(tokenizer.encode_target("zzzz")) == 1
+    assert tokenizer.encode_source("zzzz") == tokenizer.encode_target("zzzz")
+
+
+def test_decode_drops_pad_and_bos_and_stops_at_eos():
+    tokenizer = Seq2SeqTokenizer.train(WORDS, PHONEMES, "char", "space")
+    ids = tokenizer.encode_target("HH AH0 L OW1")
+    row = [tokenizer.bos_id, *ids, tokenizer.eos_id, *ids, tokenizer.pad_id]
+    assert tokenizer.decode(row) == "HH AH0 L OW1"
+    batch = torch.tensor([row, [tokenizer.bos_id, ids[0], tokenizer.eos_id] + [0] * (len(row) - 3)])
+    assert tokenizer.batch_decode(batch) == ["HH AH0 L OW1", "HH"]
+
+
+def test_special_token_text_is_not_parsed_as_a_special():
+    tokenizer = Seq2SeqTokenizer.train(["</s><s>"], ["</s><s>"])
+    ids = tokenizer.encode_target("</s>")
+    assert len(ids) == 4 and tokenizer.eos_id not in ids
+    assert tokenizer.decode(ids) == "</s>"
+
+
+def test_unknown_symbols_become_unk_and_are_reported(caplog):
+    tokenizer = Seq2SeqTokenizer.train(WORDS, PHONEMES, "char", "space")
+    with caplog.at_level(logging.WARNING):
+        source_ids = tokenizer.encode_source("hellq!q")
+        target_ids = tokenizer.encode_target("HH XX L")
+    assert source_ids[4] == source_ids[5] == source_ids[6] == tokenizer.unk_id
+    assert target_ids[1] == tokenizer.unk_id
+    assert tokenizer.unknown_symbols == {"q": 2, "!": 1, "XX": 1}
+    assert sum("not in the vocabulary" in record.message for record in caplog.records) == 3  # once per symbol
+    assert tokenizer.decode(target_ids) == "HH <unk> L"
+
+
+def test_unknown_level_is_rejected():
+    with pytest.raises(ValueError, match="level"):
+        Seq2SeqTokenizer.train(WORDS, WORDS, "word", "char")
+
+
+def _assert_same(restored: Seq2SeqTokenizer, original: Seq2SeqTokenizer) -> None:
+    assert (restored.source_level, restored.target_level) == (original.source_level, original.target_level)
+    assert restored.source.get_vocab() == original.source.get_vocab()
+    for sentence, translation in zip(SENTENCES, TRANSLATIONS, strict=True):
+        assert restored.encode_source(sentence) == original.encode_source(sentence)
+        assert restored.encode_target(translation) == original.encode_target(translation)
+        assert restored.decode(restored.encode_target(translation)) == translation
+
+
+@pytest.mark.parametrize("levels", [("char", "char"), ("char", "space"), ("bpe", "bpe"), ("bpe", "char")])
+def test_save_load_and_json_string_round_trip(tmp_path, levels):
+    original = Seq2SeqTokenizer.train(SENTENCES, TRANSLATIONS, *levels, vocab_size=50)
+    original.save(tmp_path / "tok")
+    _assert_same(Seq2SeqTokenizer.load(tmp_path / "tok"), original)
+    # Each side is an ordinary tokenizer.json that `tokenizers` reads on its own.
+    source = Tokenizer.from_file(str(tmp_path / "tok" / "source_tokenizer.json"))
+    assert source.encode(SENTENCES[0]).ids == original.encode_source(SENTENCES[0])
+
+    text = original.to_json_str()
+    assert isinstance(json.loads(text), dict)
+    _assert_same(Seq2SeqTokenizer.from_json_str(text), original)
