@@ -251,9 +251,16 @@ def _write_lines(path: str | None, lines: Iterable[str]) -> None:
         Path(path).write_text(text, encoding="utf-8")
 
 
-# ----- export and demo --------------------------------------------------------------
+# ----- bench, export and demo --------------------------------------------------------------
 
 
+
+
+def run_bench(cfg: DictConfig) -> Path:
+    """Time decoding of every contender over the grid of ``cfg`` (the composed ``bench.yaml``)."""
+    from hybrid.bench.command import run_bench as run
+
+    return run(cfg)
 
 
 def export(args: argparse.Namespace) -> None:
@@ -294,6 +301,7 @@ HYDRA_COMMANDS: dict[str, tuple[str, Callable[[DictConfig], Any], str]] = {
     "test": ("config", run_test, "score a checkpoint on the test split: hybrid test ckpt_path=..."),
     "generate": ("generate", run_generate,
                  "decode lines: hybrid generate ckpt_path=... input=words.txt output=preds.txt num_beams=4"),
+    "bench": ("bench", run_bench, "time decoding per token: hybrid bench [bench=tiny] [device=cuda dtype=bfloat16]"),
 }
 
 

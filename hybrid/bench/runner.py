@@ -1,0 +1,261 @@
+"""``hybrid bench``: time greedy decoding of every contender over a grid of (batch, new tokens) cells.
+
+Method (see ../shared/BENCHMARKING.md): every contender decodes exactly N new tokens
+(EOS ignored via ``min_new_tokens``); warm-up runs are excluded; contenders are
+interleaved within each repeat (A B A B) so drift hits all of them; each cell reports
+the median and the spread; prefill (encoder + cross-attention keys/values) is timed on
+its own and subtracted, so ms/token is decoding only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from hybrid.bench.contenders import Contender, build_contenders
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(device: torch.device, call) -> float:
+    _synchronize(device)
+    begin = time.perf_counter()
+    call()
+    _synchronize(device)
+    return time.perf_counter() - begin
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine()
+
+
+def measure_cell(contender: Contender, src: torch.Tensor, new_tokens: int, device: torch.device) -> dict:
+    """One timed repeat: prefill alone, then the whole generate call."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    prefill = _timed(device, lambda: contender.prefill(src))
+    total = _timed(device, lambda: contender.generate(src, new_tokens))
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    return {"prefill_s": prefill, "total_s": total, "peak_bytes": peak}
+
+
+def run_benchmark(settings: dict) -> dict:
+    """Run the grid described by ``settings`` (the composed ``bench`` config) and return the results dict."""
+    device = torch.device(settings["device"])
+    dtype = DTYPES[settings["dtype"]]
+    torch.set_num_threads(settings["threads"])
+    shape = settings["model"]
+    contenders = build_contenders(shape, settings, device, dtype)
+    generator = torch.Generator().manual_seed(settings["seed"])
+    rows = []
+    for batch, new_tokens in settings["cells"]:
+        active = [c for c in contenders if (c.max_new_tokens is None or new_tokens <= c.max_new_tokens)
+                  and (c.max_batch is None or batch <= c.max_batch)]
+        rows += _measure(active, batch, new_tokens, settings, device, generator)
+    if settings["memory_budget_gb"]:
+        rows += _memory_budget_sweep(contenders, settings, device, generator)
+    profiles = _profiles(contenders, settings, device, generator) if settings["profile"] else {}
+    return {
+        "meta": {
+            "device": str(device), "device_name": _device_name(device), "dtype": settings["dtype"],
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "git_commit": _git_commit(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "source_length": settings["source_length"], "seed": settings["seed"], "repeats": settings["repeats"],
+            "model": dict(shape),
+        },
+        "rows": rows,
+        "profile": profiles,
+    }
+
+
+def _profiles(contenders: list[Contender], settings: dict, device: torch.device,
+              generator: torch.Generator) -> dict:
+    """ms per step in each part (mixer, cross-attention, FFN, head, token choice) of the attention
+    and LSTM decoders, early in a decode and at the longest length of the grid (batch 1)."""
+    from hybrid.bench.profiling import profile_decoding
+
+    longest = max(tokens for _, tokens in settings["cells"])
+    src = torch.randint(3, settings["model"]["vocab_size"], (1, settings["source_length"]),
+                        generator=generator).to(device)
+    out = {}
+    for contender in contenders:
+        if contender.name in ("attention+kv-cache", "lstm", "lstm-param-matched"):
+            steps = min(32, longest)
+            out[contender.name] = {f"position {position}": profile_decoding(contender.model, src, position, steps)
+                                   for position in (0, longest - steps)}
+    return out
+
+
+def _measure(contenders: list[Contender], batch: int, new_tokens: int, settings: dict, device: torch.device,
+             generator: torch.Generator, sweep: str = "grid") -> list[dict]:
+    """Warm up, then time every contender on one (batch, new tokens) cell, interleaved."""
+    shape = settings["model"]
+    # Random, seeded, never all zeros (ids 3.. avoid padding/BOS/EOS).
+    src = torch.randint(3, shape["vocab_size"], (batch, settings["source_length"]), generator=generator).to(device)
+    for contender in contenders:  # warm-up: kernels, allocator, lazily built tensors
+        contender.prefill(src)
+        contender.generate(src, min(new_tokens, settings["warmup_new_tokens"]))
+    repeats = {c.name: [] for c in contenders}
+    for _ in range(settings["repeats"]):
+        for contender in contenders:  # interleaved: A B A B
+            with torch.inference_mode():
+                repeats[contender.name].append(measure_cell(contender, src, new_tokens, device))
+    rows = []
+    for contender in contenders:
+        rows.append(dict(_summarise(contender, repeats[contender.name], batch, new_tokens, settings, device),
+                         sweep=sweep))
+        print(_format_row(rows[-1]), flush=True)
+    return rows
+
+
+def _memory_budget_sweep(contenders: list[Contender], settings: dict, device: torch.device,
+                         generator: torch.Generator) -> list[dict]:
+    """At the longest length, each of the attention and LSTM decoders at the largest batch whose
+    weights plus decoding state fit ``memory_budget_gb``: where the KV cache's growth shows."""
+    budget = settings["memory_budget_gb"] * 2**30
+    new_tokens = max(tokens for _, tokens in settings["cells"])
+    rows = []
+    for contender in contenders:
+        if contender.name not in ("attention+kv-cache", "lstm"):
+            continue
+        weights = sum(p.numel() * p.element_size() for p in contender.model.parameters())
+        per_sequence = contender.state_bytes(1, settings["source_length"], new_tokens)  # the state is linear in batch
+        batch = 1
+        while batch < 2**16 and weights + 2 * batch * per_sequence <= budget:
+            batch *= 2
+        rows += _measure([contender], batch, new_tokens, settings, device, generator, sweep="memory_budget")
+    return rows
+
+
+def _summarise(contender: Contender, repeats: list[dict], batch: int, new_tokens: int, settings: dict,
+               device: torch.device) -> dict:
+    prefill_ms = [1000 * r["prefill_s"] for r in repeats]
+    decode_ms = [1000 * max(r["total_s"] - r["prefill_s"], 0.0) / new_tokens for r in repeats]
+    median_ms = statistics.median(decode_ms)
+    row = {
+        "model": contender.name, "batch": batch, "new_tokens": new_tokens,
+        "ms_per_token": median_ms, "ms_per_token_min": min(decode_ms), "ms_per_token_max": max(decode_ms),
+        "tokens_per_s": batch * 1000.0 / median_ms if median_ms > 0 else float("inf"),
+        "prefill_ms": statistics.median(prefill_ms),
+        "state_bytes": contender.state_bytes(batch, settings["source_length"], new_tokens),
+        "parameters": contender.parameters,
+    }
+    if device.type == "cuda":
+        row["peak_memory_bytes"] = max(r["peak_bytes"] for r in repeats)
+    else:
+        # The process's peak resident set so far (Linux reports KiB): an upper bound, not this cell alone.
+        row["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return row
+
+
+def _format_row(row: dict) -> str:
+    return (f"{row['model']:<22} batch {row['batch']:>4} x {row['new_tokens']:>5} tokens: "
+            f"{row['ms_per_token']:8.3f} ms/token [{row['ms_per_token_min']:.3f}, {row['ms_per_token_max']:.3f}]"
+            f"  {row['tokens_per_s']:10.1f} tok/s  prefill {row['prefill_ms']:7.2f} ms"
+            f"  state {row['state_bytes'] / 2**20:8.2f} MiB")
+
+
+def find_row(results: dict, model: str, batch: int, new_tokens: int) -> dict | None:
+    for row in results["rows"]:
+        if (row["model"], row["batch"], row["new_tokens"], row["sweep"]) == (model, batch, new_tokens, "grid"):
+            return row
+    return None
+
+
+def headline(results: dict) -> list[dict]:
+    """The project's targets as side-by-side ratios from one run (missing cells are reported as such)."""
+
+    def ratio(slow: tuple, fast: tuple) -> float | None:
+        a, b = find_row(results, *slow), find_row(results, *fast)
+        return a["ms_per_token"] / b["ms_per_token"] if a and b and b["ms_per_token"] > 0 else None
+
+    checks = [
+        ("KV-cached attention vs transformers' BART generate(), batch 1 x 256", 2.0,
+         ratio(("bart-hf-generate", 1, 256), ("attention+kv-cache", 1, 256))),
+        ("KV cache vs uncached loop, batch 1 x 256", 4.0,
+         ratio(("attention-no-cache", 1, 256), ("attention+kv-cache", 1, 256))),
+        ("LSTM vs KV-cached attention, batch 1 x 4096", 1.5,
+         ratio(("attention+kv-cache", 1, 4096), ("lstm", 1, 4096))),
+        ("LSTM vs KV-cached attention, batch 64 x 2048", 4.0,
+         ratio(("attention+kv-cache", 64, 2048), ("lstm", 64, 2048))),
+    ]
+    lstm_64, lstm_4096 = find_row(results, "lstm", 1, 64), find_row(results, "lstm", 1, 4096)
+    flatness = lstm_4096["ms_per_token"] / lstm_64["ms_per_token"] if lstm_64 and lstm_4096 else None
+    out = [{"target": name, "needed": f">= {need}x", "measured": value,
+            "met": None if value is None else value >= need} for name, need, value in checks]
+    out.append({"target": "LSTM ms/token at 4096 vs at 64 new tokens, batch 1", "needed": "<= 1.1x",
+                "measured": flatness, "met": None if flatness is None else flatness <= 1.1})
+    budget = {row["model"]: row for row in results["rows"] if row["sweep"] == "memory_budget"}
+    if "lstm" in budget and "attention+kv-cache" in budget:
+        gain = budget["lstm"]["tokens_per_s"] / budget["attention+kv-cache"]["tokens_per_s"]
+        out.append({"target": f"LSTM vs attention tokens/s at an equal memory budget "
+                              f"(batch {budget['lstm']['batch']} vs {budget['attention+kv-cache']['batch']})",
+                    "needed": ">= 10x (GPU)", "measured": gain, "met": gain >= 10})
+    return out
+
+
+def write_results(results: dict, directory: Path) -> list[Path]:
+    """results.json (everything), results.csv (the rows) and the plots."""
+    import csv
+
+    from hybrid.bench.plots import plot_all
+
+    directory.mkdir(parents=True, exist_ok=True)
+    results = dict(results, headline=headline(results))
+    (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    with open(directory / "results.csv", "w", newline="") as handle:
+        fields = sorted({key for row in results["rows"] for key in row})
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(results["rows"])
+    return [directory / "results.json", directory / "results.csv", *plot_all(results, directory)]
+
+
+def print_table(results: dict) -> None:
+    """A Rich table of every cell and the headline ratios."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"decoding on {results['meta']['device_name']} ({results['meta']['dtype']}, "
+                        f"{results['meta']['threads']} threads)")
+    for column in ("model", "batch", "new tokens", "ms/token", "min", "max", "tokens/s", "prefill ms",
+                   "state MiB", "params"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for row in results["rows"]:
+        table.add_row(row["model"], str(row["batch"]), str(row["new_tokens"]), f"{row['ms_per_token']:.3f}",
+                      f"{row['ms_per_token_min']:.3f}", f"{row['ms_per_token_max']:.3f}",
+                      f"{row['tokens_per_s']:.1f}", f"{row['prefill_ms']:.2f}",
+                      f"{row['state_bytes'] / 2**20:.2f}", f"{row['parameters']:,}")
+    console = Console()
+    console.print(table)
+    for check in headline(results):
+        value = "n/a (cell not in grid)" if check["measured"] is None else f"{check['measured']:.2f}x"
+        verdict = {True: "met", False: "MISSED", None: "-"}[check["met"]]
+        console.print(f"{check['target']}: {value} (target {check['needed']}) {verdict}")
+    for model, positions in results.get("profile", {}).items():
+        for position, parts in positions.items():
+            shares = ", ".join(f"{part} {ms:.3f}" for part, ms in parts.items())
+            console.print(f"profile {model} at {position} (ms/step): {shares}")
