@@ -153,7 +153,10 @@ def _memory_budget_sweep(contenders: list[Contender], settings: dict, device: to
 def _summarise(contender: Contender, repeats: list[dict], batch: int, new_tokens: int, settings: dict,
                device: torch.device) -> dict:
     prefill_ms = [1000 * r["prefill_s"] for r in repeats]
-    decode_ms = [1000 * max(r["total_s"] - r["prefill_s"], 0.0) / new_tokens for r in repeats]
+    # Decoding = the whole call minus the typical prefill; the median prefill is steadier than each
+    # repeat's own, which is one short timing and so the noisiest number of the cell.
+    prefill_s = statistics.median(r["prefill_s"] for r in repeats)
+    decode_ms = [1000 * (r["total_s"] - prefill_s) / new_tokens for r in repeats]
     median_ms = statistics.median(decode_ms)
     row = {
         "model": contender.name, "batch": batch, "new_tokens": new_tokens,

@@ -53,8 +53,8 @@ def test_lstm_state_is_constant_and_kv_cache_grows(tiny_results):
         return next(r["state_bytes"] for r in rows if (r["model"], r["batch"], r["new_tokens"], r["sweep"])
                     == (model, 1, tokens, "grid"))
 
-    assert state("lstm", 4) == state("lstm", 16)
-    assert state("attention+kv-cache", 16) > state("attention+kv-cache", 4)
+    assert state("lstm", 16) == state("lstm", 48)
+    assert state("attention+kv-cache", 48) > state("attention+kv-cache", 16)
 
 
 def test_benchmark_notebook_runs_on_the_results(tiny_results, monkeypatch):
