@@ -49,6 +49,12 @@ def _git_commit() -> str:
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
+    try:  # Linux names the CPU model here; platform.processor() is often empty
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({platform.machine()})"
+    except OSError:
+        pass
     return platform.processor() or platform.machine()
 
 
@@ -220,8 +226,27 @@ def headline(results: dict) -> list[dict]:
     return out
 
 
+def markdown_summary(results: dict) -> str:
+    """The headline ratios and the batch-1 length sweep as Markdown, for READMEs and notes."""
+    meta = results["meta"]
+    lines = [f"{meta['device_name']}, {meta['dtype']}, {meta['threads']} threads, torch {meta['torch']}, "
+             f"commit {meta['git_commit'][:10]}, {meta['date']}", "",
+             "| target | needed | measured | met |", "|---|---|---|---|"]
+    for check in headline(results):
+        value = "not in grid" if check["measured"] is None else f"{check['measured']:.2f}x"
+        lines.append(f"| {check['target']} | {check['needed']} | {value} | "
+                     f"{ {True: 'yes', False: '**no**', None: '-'}[check['met']] } |")
+    lines += ["", "| model | batch | new tokens | ms/token (median [min, max]) | tokens/s | prefill ms | state MiB |",
+              "|---|---|---|---|---|---|---|"]
+    for row in results["rows"]:
+        lines.append(f"| {row['model']} | {row['batch']} | {row['new_tokens']} | {row['ms_per_token']:.3f} "
+                     f"[{row['ms_per_token_min']:.3f}, {row['ms_per_token_max']:.3f}] | {row['tokens_per_s']:.0f} | "
+                     f"{row['prefill_ms']:.2f} | {row['state_bytes'] / 2**20:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def write_results(results: dict, directory: Path) -> list[Path]:
-    """results.json (everything), results.csv (the rows) and the plots."""
+    """results.json (everything), results.csv (the rows), summary.md and the plots."""
     import csv
 
     from hybrid.bench.plots import plot_all
@@ -234,7 +259,9 @@ def write_results(results: dict, directory: Path) -> list[Path]:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
         writer.writerows(results["rows"])
-    return [directory / "results.json", directory / "results.csv", *plot_all(results, directory)]
+    (directory / "summary.md").write_text(markdown_summary(results))
+    return [directory / "results.json", directory / "results.csv", directory / "summary.md",
+            *plot_all(results, directory)]
 
 
 def print_table(results: dict) -> None:
