@@ -1,0 +1,346 @@
+"""``hybrid ablate``: gather training runs into one table and a Pareto plot of quality against decoding speed.
+
+Each run is a ``hybrid fit`` output folder (``.hydra/config.yaml``, ``checkpoints/last.ckpt``,
+``csv/metrics.csv``). For every run the table holds the test metrics (``test_after_fit=true``),
+the parameter count, the training time and training tokens/s (written by :class:`TrainingClock`),
+and the decoding speed: greedy ms per generated token at one fixed batch and length, timed with
+the benchmark's own loop (:mod:`hybrid.bench.runner`: warm-up, contenders interleaved, prefill
+subtracted, median of the repeats). The ablation experiments are ``configs/experiment/ablate_*.yaml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import logging
+import platform
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning import Callback, LightningModule, Trainer
+from omegaconf import OmegaConf
+
+from hybrid.model import Seq2Seq
+from hybrid.training.checkpoint import read_checkpoint
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+logger = logging.getLogger(__name__)
+
+CLOCK_FILE = "training_clock.json"
+# The columns of the table, in order; the test metrics follow them.
+COLUMNS = ("task", "run", "decoder", "layers", "lstm_width", "init", "steps", "total_steps", "seed", "parameters",
+           "train_time_s", "train_tokens_per_s", "ms_per_token")
+# Quality on the Pareto plot: the task's error rate (lower is better), the first one a run has.
+ERROR_METRICS = ("test/per", "test/cer", "test/wer")
+VERDICTS = {True: "met", False: "MISSED", None: "not measurable"}  # None: the baseline scored 0
+
+
+class TrainingClock(Callback):
+    """Time the training loop and count its tokens; writes ``training_clock.json`` into the run folder.
+
+    ``train_time_s`` is the wall time from the first to the last training step, validation included;
+    ``train_tokens_per_s`` is target tokens (what the loss is taken over, padding excluded) per second
+    spent in training batches (forward, backward and optimiser step), over every process.
+    """
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.begin = time.perf_counter()
+        self.batch_seconds = 0.0
+        self.tokens = torch.zeros((), dtype=torch.long, device=pl_module.device)  # summed on the device: no sync
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self.batch_begin = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.tokens += batch["tgt_out"].ne(pl_module.model.config.pad_id).sum()
+        self.batch_seconds += time.perf_counter() - self.batch_begin
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        tokens = int(self.tokens) * trainer.world_size
+        clock = {"train_time_s": time.perf_counter() - self.begin, "train_batch_time_s": self.batch_seconds,
+                 "train_tokens": tokens, "train_tokens_per_s": tokens / max(self.batch_seconds, 1e-9),
+                 "global_step": trainer.global_step}
+        path = Path(trainer.default_root_dir) / CLOCK_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(clock, indent=2) + "\n")
+
+
+# ----- collecting runs ---------------------------------------------------------------------
+
+
+def find_runs(paths: Iterable[str | Path]) -> list[Path]:
+    """Every ``hybrid fit`` run folder at or under ``paths`` (one with ``.hydra/config.yaml`` and
+    ``checkpoints/last.ckpt``); of several runs with the same name, only the newest."""
+    newest: dict[str, Path] = {}
+    for path in map(Path, paths):
+        for checkpoint in sorted(path.rglob("checkpoints/last.ckpt")):
+            run = checkpoint.parent.parent
+            if not (run / ".hydra" / "config.yaml").is_file():
+                continue
+            name = _run_name(run)
+            if name not in newest or checkpoint.stat().st_mtime > _last(newest[name]).stat().st_mtime:
+                newest[name] = run
+    return [newest[name] for name in sorted(newest)]
+
+
+def _last(run: Path) -> Path:
+    return run / "checkpoints" / "last.ckpt"
+
+
+def _composed(run: Path) -> dict[str, Any]:
+    # Unresolved: the default name interpolates Hydra's runtime choices, which only a live run can resolve.
+    return OmegaConf.to_container(OmegaConf.load(run / ".hydra" / "config.yaml"), resolve=False)
+
+
+def _run_name(run: Path) -> str:
+    name = str(_composed(run).get("name", ""))
+    return name if name and "${" not in name else run.name
+
+
+def pattern_label(mixers: Sequence[str]) -> str:
+    """``["lstm"] * 3`` -> ``"lstm x3"``; a mixed stack lists its layers bottom-up."""
+    return f"{mixers[0]} x{len(mixers)}" if len(set(mixers)) == 1 else ",".join(mixers)
+
+
+def read_test_metrics(metrics_csv: Path) -> dict[str, float]:
+    """Every ``test/...`` value a run's ``csv/metrics.csv`` holds (the last one of each)."""
+    metrics: dict[str, float] = {}
+    if metrics_csv.is_file():
+        with open(metrics_csv, newline="") as handle:
+            for row in csv.DictReader(handle):
+                metrics.update({key: float(value) for key, value in row.items()
+                                if key.startswith("test/") and value not in ("", None)})
+    return metrics
+
+
+def describe_run(run: Path) -> tuple[dict[str, Any], Seq2Seq]:
+    """One table row of a run (without its decoding speed) and its model, built from ``last.ckpt``."""
+    cfg = _composed(run)
+    trained = read_checkpoint(_last(run))
+    config = trained.config
+    data = cfg.get("data", {})
+    task = "g2p" if str(data.get("_target_", "")).endswith("G2PDataModule") else str(data.get("task", "text"))
+    converted_from = config.extra.get("converted_from")
+    row: dict[str, Any] = {
+        "task": task, "run": _run_name(run), "decoder": pattern_label(config.decoder_mixers),
+        "layers": f"{config.encoder_layers}-{config.decoder_layers}",
+        "lstm_width": config.lstm_width if "lstm" in config.decoder_mixers else None,
+        "init": f"converted from {pattern_label(converted_from)}" if converted_from else "scratch",
+        "steps": trained.global_step, "total_steps": trained.global_step + config.extra.get("converted_at_step", 0),
+        "seed": cfg.get("seed"),
+    }
+    model = trained.build("cpu")
+    row["parameters"] = model.num_parameters()
+    clock = run / CLOCK_FILE
+    if clock.is_file():
+        times = json.loads(clock.read_text())
+        row.update(train_time_s=times["train_time_s"], train_tokens_per_s=times["train_tokens_per_s"])
+    row.update(read_test_metrics(run / "csv" / "metrics.csv"))
+    return row, model
+
+
+def decoding_speed(models: dict[str, Seq2Seq], batch: int, new_tokens: int, source_length: int, repeats: int,
+                   seed: int = 0) -> dict[str, float]:
+    """Greedy ms per generated token of each model at ``batch`` x ``new_tokens``, timed by the benchmark's
+    loop: exactly ``new_tokens`` per row (EOS ignored), warm-up excluded, the models of one vocabulary
+    interleaved within each repeat, prefill subtracted, the median of ``repeats``."""
+    from hybrid.bench.contenders import ours
+    from hybrid.bench.runner import _measure
+
+    speeds: dict[str, float] = {}
+    for vocab_size in sorted({model.config.vocab_size for model in models.values()}):
+        contenders = [ours(name, model) for name, model in models.items() if model.config.vocab_size == vocab_size]
+        settings = {"model": {"vocab_size": vocab_size}, "source_length": source_length, "repeats": repeats,
+                    "warmup_new_tokens": min(new_tokens, 32)}
+        rows = _measure(contenders, batch, new_tokens, settings, torch.device("cpu"),
+                        torch.Generator().manual_seed(seed))
+        speeds.update({row["model"]: row["ms_per_token"] for row in rows})
+    return speeds
+
+
+def collect(paths: Iterable[str | Path], batch: int = 8, new_tokens: int = 128, source_length: int = 16,
+            repeats: int = 5) -> list[dict[str, Any]]:
+    """One row per run found under ``paths`` (see :func:`find_runs`): its settings, test metrics,
+    parameter count, training time and tokens/s, and decoding ms/token at ``batch`` x ``new_tokens``."""
+    runs = find_runs(paths)
+    if not runs:
+        raise FileNotFoundError(f"no run folders (.hydra/config.yaml + checkpoints/last.ckpt) under {list(paths)}")
+    rows, models = [], {}
+    for run in runs:
+        row, model = describe_run(run)
+        rows.append(row)
+        models[row["run"]] = model.eval()
+    speeds = decoding_speed(models, batch, new_tokens, source_length, repeats)
+    for row in rows:
+        row.update(ms_per_token=speeds[row["run"]], decode_batch=batch, decode_new_tokens=new_tokens)
+    return sorted(rows, key=lambda row: (row["task"], row["run"]))
+
+
+# ----- the table and the plot --------------------------------------------------------------
+
+
+def metric_columns(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The ``test/...`` columns any row has, error rates first."""
+    names = {key for row in rows for key in row if key.startswith("test/")}
+    return [name for name in ERROR_METRICS if name in names] + sorted(names - set(ERROR_METRICS))
+
+
+def columns_of(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The table's columns that any row fills: :data:`COLUMNS` in order, then the test metrics."""
+    present = {key for row in rows for key in row}
+    return [name for name in COLUMNS if name in present] + metric_columns(rows)
+
+
+def _cell(name: str, value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if name == "parameters" or name == "train_tokens_per_s":
+        return f"{float(value):,.0f}"
+    if name == "train_time_s":
+        return f"{float(value):.1f}"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows as a Markdown table, one line per run."""
+    columns = columns_of(rows)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(_cell(name, row.get(name)) for name in columns) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def error_of(row: dict[str, Any]) -> tuple[str, float] | None:
+    """The run's error rate for the Pareto plot: the first of :data:`ERROR_METRICS` it has."""
+    for name in ERROR_METRICS:
+        if row.get(name) not in (None, ""):
+            return name, float(row[name])
+    return None
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats in both coordinates (lower is better in both)."""
+    return [i for i, (x, y) in enumerate(points)
+            if not any(a <= x and b <= y and (a, b) != (x, y) for a, b in points)]
+
+
+def pareto_figure(rows: Sequence[dict[str, Any]]) -> Figure:
+    """One panel per task: error rate against decoding ms/token, each run labelled, the front joined."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display on servers or in CI
+    import matplotlib.pyplot as plt
+
+    tasks = sorted({row["task"] for row in rows})
+    figure, axes = plt.subplots(1, len(tasks), figsize=(6.4 * len(tasks), 4.8), squeeze=False)
+    for axis, task in zip(axes[0], tasks, strict=True):
+        scored = [(row, error_of(row)) for row in rows if row["task"] == task]
+        scored = [(row, error) for row, error in scored if error and row.get("ms_per_token") not in (None, "")]
+        points = [(float(row["ms_per_token"]), error[1]) for row, error in scored]
+        axis.scatter([x for x, _ in points], [y for _, y in points], color="tab:blue")
+        for (row, _), (x, y) in zip(scored, points, strict=True):
+            label = str(row["run"]).removeprefix(f"ablate_{task}_")
+            axis.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        front = sorted(points[i] for i in pareto_front(points))
+        if front:
+            axis.plot([x for x, _ in front], [y for _, y in front], color="tab:red", alpha=0.6, label="Pareto front")
+            axis.legend(fontsize=8)
+        metrics = sorted({error[0] for _, error in scored})
+        shape = {(row.get("decode_batch"), row.get("decode_new_tokens")) for row, _ in scored}
+        batch, tokens = next(iter(shape)) if len(shape) == 1 else ("?", "?")
+        axis.set_xlabel(f"greedy decoding, ms per token (batch {batch}, {tokens} new tokens)")
+        axis.set_ylabel(f"{', '.join(metrics)} (lower is better)")
+        axis.set_title(task)
+        axis.grid(True, alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 6's targets, read off the grid's runs (by their experiment names) for every task that has them.
+
+    The all-LSTM decoder's error rate within 10% (relative) of the all-attention decoder's at the same
+    budget (the issue asks it of G2P's PER); and convert-then-fine-tune reaching 95% of the transformer's
+    exact match (sequence accuracy) with at most 20% of its training steps.
+    """
+    by_run = {row["run"]: row for row in rows}
+    out = []
+    for task in sorted({row["task"] for row in rows}):
+        lstm, attention = by_run.get(f"ablate_{task}_lstm"), by_run.get(f"ablate_{task}_attention")
+        converted = by_run.get(f"ablate_{task}_convert")
+        if lstm and attention and error_of(lstm) and error_of(attention):
+            (metric, mine), (_, theirs) = error_of(lstm), error_of(attention)
+            excess = mine / theirs - 1.0 if theirs > 0 else float("inf") if mine > 0 else 0.0
+            out.append({"task": task, "target": f"all-LSTM {metric} within 10% of all-attention's",
+                        "needed": "<= +10%", "measured": f"{mine:.3f} vs {theirs:.3f} ({excess:+.1%})",
+                        "met": excess <= 0.10})
+        if converted and attention and attention.get("test/exact_match") is not None:
+            theirs, share = attention["test/exact_match"], converted["steps"] / attention["steps"]
+            reached = converted["test/exact_match"] / theirs if theirs > 0 else None  # nothing to reach
+            out.append({"task": task, "target": "convert-then-fine-tune exact match vs the transformer's",
+                        "needed": ">= 95% with <= 20% of its steps",
+                        "measured": f"{converted['test/exact_match']:.3f} vs {theirs:.3f} "
+                                    f"({'n/a' if reached is None else f'{reached:.1%}'}) with {share:.0%} of its steps",
+                        "met": None if reached is None else reached >= 0.95 and share <= 0.20})
+    return out
+
+
+def write_results(rows: Sequence[dict[str, Any]], directory: str | Path, note: str = "") -> list[Path]:
+    """``ablations.csv`` (every field), ``ablations.md`` (``note``, then the table) and ``pareto.png``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    fields = [*columns_of(rows), *sorted({key for row in rows for key in row} - set(columns_of(rows)))]
+    with open(directory / "ablations.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    checks = "".join(f"- {check['task']}: {check['target']} ({check['needed']}): {check['measured']}, "
+                     f"{VERDICTS[check['met']]}\n" for check in targets(rows))
+    (directory / "ablations.md").write_text((note + "\n\n" if note else "") + markdown_table(rows)
+                                            + ("\nTargets:\n\n" + checks if checks else ""))
+    figure = pareto_figure(rows)
+    figure.savefig(directory / "pareto.png", dpi=120)
+    return [directory / "ablations.csv", directory / "ablations.md", directory / "pareto.png"]
+
+
+def read_results(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of an ``ablations.csv``, numbers as numbers and empty cells as None."""
+
+    def value(text: str) -> Any:
+        if text == "":
+            return None
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        return text
+
+    with open(path, newline="") as handle:
+        return [{key: value(text) for key, text in row.items()} for row in csv.DictReader(handle)]
+
+
+def run_ablate(args: argparse.Namespace) -> list[Path]:
+    """``hybrid ablate RUNS... --out DIR``: collect, write the table and the plot, print the table."""
+    torch.set_num_threads(args.threads)
+    rows = collect(args.runs, batch=args.batch_size, new_tokens=args.new_tokens, source_length=args.source_length,
+                   repeats=args.repeats)
+    note = (f"Decoding: greedy, batch {args.batch_size}, {args.new_tokens} new tokens, source length "
+            f"{args.source_length}, median of {args.repeats} repeats, CPU ({platform.processor() or platform.machine()}"
+            f"), {torch.get_num_threads()} threads, torch {torch.__version__}, "
+            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}.")
+    paths = write_results(rows, args.out, note)
+    print(markdown_table(rows))
+    print("wrote " + ", ".join(map(str, paths)))
+    return paths

@@ -1,0 +1,95 @@
+"""Swap decoder mixers of a trained model, keep every other weight: the first half of
+"Finetuning Pretrained Transformers into RNNs" (Kasai et al., 2021), for LSTM decoders.
+
+The converted model has freshly initialised mixers in the named layers and bit-identical
+copies of everything else (embeddings, encoder, cross-attention, FFNs, norms, head);
+a short fine-tune then teaches the new mixers to stand in for the old ones.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import torch
+
+from hybrid.config import ModelConfig
+from hybrid.mixers import MIXERS
+from hybrid.model import Seq2Seq
+
+
+def parse_pattern(pattern: str | Sequence[str], layers: int) -> list[str]:
+    """A decoder pattern as one mixer name per layer.
+
+    Accepted forms: one name for every layer (``"lstm"``); a comma-separated list with one
+    name per layer (``"lstm,lstm,attention"``); or layer ranges (``"0-2:lstm,3:attention"``)
+    that cover every layer exactly once.
+    """
+    if not isinstance(pattern, str):
+        names = list(pattern)
+    elif ":" in pattern:
+        names = [""] * layers
+        for part in pattern.split(","):
+            span, _, name = part.partition(":")
+            match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", span)
+            if not match:
+                raise ValueError(f"pattern part {part!r} must look like 'LAYER:NAME' or 'FIRST-LAST:NAME'")
+            first, last = int(match.group(1)), int(match.group(2) or match.group(1))
+            if not 0 <= first <= last < layers:
+                raise ValueError(f"pattern part {part!r}: layers must lie in [0, {layers - 1}]")
+            for layer in range(first, last + 1):
+                if names[layer]:
+                    raise ValueError(f"pattern names layer {layer} twice")
+                names[layer] = name.strip()
+        missing = [i for i, name in enumerate(names) if not name]
+        if missing:
+            raise ValueError(f"pattern leaves decoder layers {missing} without a mixer; name every layer")
+    elif "," in pattern:
+        names = [name.strip() for name in pattern.split(",")]
+    else:
+        names = [pattern.strip()] * layers
+    if len(names) != layers:
+        raise ValueError(f"pattern names {len(names)} layers but the model has {layers} decoder layers")
+    for name in names:
+        if name not in MIXERS:
+            raise ValueError(f"pattern: unknown mixer {name!r}; allowed: {sorted(MIXERS)}")
+    return names
+
+
+def convert(model: Seq2Seq, pattern: str | Sequence[str], lstm_hidden_size: int | None = None,
+            seed: int = 0) -> tuple[Seq2Seq, list[str]]:
+    """A copy of ``model`` whose decoder layers use the mixers of ``pattern``.
+
+    Layers whose mixer changes get a freshly initialised one (seeded); every other tensor
+    is copied unchanged, including the mixers of layers that keep their kind. Returns
+    the new model and the names of its newly initialised parameters (for freezing the rest).
+    """
+    config = model.config
+    names = parse_pattern(pattern, config.decoder_layers)
+    new_config = ModelConfig.from_dict(dict(
+        config.to_dict(), decoder_mixers=names,
+        lstm_hidden_size=config.lstm_hidden_size if lstm_hidden_size is None else lstm_hidden_size))
+    torch.manual_seed(seed)
+    converted = Seq2Seq(new_config)
+    changed = [i for i, (old, new) in enumerate(zip(config.decoder_mixers, names, strict=True))
+               if old != new or (new == "lstm" and new_config.lstm_width != config.lstm_width)]
+    fresh_prefixes = tuple(f"decoder_layers.{i}.mixer." for i in changed)
+    source = model.state_dict()
+    target = converted.state_dict()
+    copied = {key: value for key, value in source.items() if not key.startswith(fresh_prefixes)}
+    missing = [key for key in target if not key.startswith(fresh_prefixes) and key not in copied]
+    if missing:
+        raise ValueError(f"cannot copy {missing[:3]}...: the model's shape differs beyond its mixers")
+    converted.load_state_dict({**target, **copied}, strict=True)
+    fresh = [name for name, _ in converted.named_parameters() if name.startswith(fresh_prefixes)]
+    converted.config.extra = dict(config.extra, converted_from=config.decoder_mixers, fresh_parameters=fresh)
+    return converted.to(next(model.parameters()).device), fresh
+
+
+def summary(model: Seq2Seq, converted: Seq2Seq, fresh: list[str]) -> str:
+    """One paragraph: what changed and what was copied."""
+    total = sum(p.numel() for p in converted.parameters())
+    new = sum(p.numel() for name, p in converted.named_parameters() if name in fresh)
+    return (f"decoder mixers {model.config.decoder_mixers} -> {converted.config.decoder_mixers}; "
+            f"{len(fresh)} new tensors ({new:,} parameters, freshly initialised), "
+            f"{total - new:,} of {total:,} parameters copied unchanged")
