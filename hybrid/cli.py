@@ -18,7 +18,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -198,20 +198,28 @@ def print_examples(model: Seq2Seq, datamodule: Seq2SeqDataModule, count: int) ->
 # ----- generate --------------------------------------------------------------------------
 
 
-def run_generate(cfg: DictConfig) -> list[list[str]]:
-    """Decode every line of ``cfg.input`` (a file, or standard input) and write one line per source to
-    ``cfg.output`` (a file, or standard output), in input order; returns the predictions."""
+def run_generate(cfg: DictConfig) -> bool:
+    """Decode every source of ``cfg.input`` (a file, or standard input) into ``cfg.output`` (a file, or
+    standard output), one line per source in input order, as a bulk job (:mod:`hybrid.inference`):
+    bucketed, batched by a token budget, refilled, resumable, split by ``shard=i/n`` or over DDP ranks
+    (``strategy=ddp devices=N``). Returns whether the output is complete."""
+    from hybrid.inference import BulkJob, run_bulk, run_bulk_ddp
+
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     model, tokenizer = load_for_inference(cfg.ckpt_path, device)
-    options = OmegaConf.to_container(cfg.generation, resolve=True)
-    if options["do_sample"]:
-        options["generator"] = torch.Generator(device).manual_seed(cfg.seed)
-    sources = _read_lines(cfg.input)
-    begin = time.perf_counter()
-    predictions = predict(model, tokenizer, sources, batch_size=cfg.batch_size, **options)
-    logger.info("decoded %d sources in %.2f s", len(sources), time.perf_counter() - begin)
-    _write_lines(cfg.output, ("\t".join(texts) for texts in predictions))
-    return predictions
+    job = BulkJob(generation=OmegaConf.to_container(cfg.generation, resolve=True), max_tokens=cfg.max_tokens,
+                  max_batch_size=cfg.batch_size, window=cfg.window, refill=cfg.refill, shard_size=cfg.shard_size,
+                  seed=cfg.seed)
+    options = dict(input_format=cfg.input_format, shard=cfg.shard, work_dir=cfg.work_dir,
+                   keep_shards=cfg.keep_shards, progress=cfg.progress,
+                   fingerprint={"ckpt_path": str(Path(cfg.ckpt_path).resolve())})
+    if cfg.strategy is None:
+        return run_bulk(model, tokenizer, cfg.input, cfg.output, job, resume=cfg.resume, **options)
+    if not cfg.resume:
+        raise ValueError("resume=false would let every rank empty the work folder: delete it before the run")
+    trainer = dict(strategy=cfg.strategy, devices=cfg.devices, num_nodes=cfg.num_nodes,
+                   accelerator="cpu" if torch.device(device).type == "cpu" else "gpu")
+    return run_bulk_ddp(model, tokenizer, cfg.input, cfg.output, job, trainer, **options)
 
 
 def predict(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, sources: Sequence[str], batch_size: int = 64,
@@ -236,24 +244,7 @@ def predict(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, sources: Sequence[str],
     return predictions
 
 
-def _read_lines(path: str | None) -> list[str]:
-    if path is None or path == "-":
-        return [line.rstrip("\r\n") for line in sys.stdin]
-    return Path(path).read_text(encoding="utf-8").splitlines()
-
-
-def _write_lines(path: str | None, lines: Iterable[str]) -> None:
-    text = "".join(f"{line}\n" for line in lines)
-    if path is None or path == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        Path(path).write_text(text, encoding="utf-8")
-
-
 # ----- bench, export and demo --------------------------------------------------------------
-
-
 
 
 def run_bench(cfg: DictConfig) -> Path:
@@ -261,6 +252,15 @@ def run_bench(cfg: DictConfig) -> Path:
     from hybrid.bench.command import run_bench as run
 
     return run(cfg)
+
+
+def run_bench_bulk(cfg: DictConfig) -> Path:
+    """Time a bulk job decoded four ways, LSTM and attention decoders (the composed ``bench_bulk.yaml``)."""
+    from hybrid.bench.bulk import run_bench_bulk as run
+
+    return run(cfg)
+
+
 
 
 def export(args: argparse.Namespace) -> None:
@@ -293,6 +293,73 @@ def demo(args: argparse.Namespace) -> None:
               f"({out.shape[1]} steps, {model.num_parameters():,} parameters)")
 
 
+# ----- convert and ablate ----------------------------------------------------------------
+
+
+def convert_checkpoint(args: argparse.Namespace) -> None:
+    """Swap the decoder mixers of a trained model for ``args.pattern`` and write a checkpoint that
+    ``hybrid fit init_from=...`` fine-tunes; prints what was copied and what is new."""
+    from hybrid.convert import convert, summary
+
+    source = Path(args.source)
+    trained = None if source.is_dir() else read_checkpoint(source)
+    model, tokenizer = load_for_inference(source) if trained is None else (trained.build(), trained.tokenizer)
+    converted, fresh = convert(model, args.pattern, lstm_hidden_size=args.lstm_hidden_size, seed=args.seed)
+    if trained is not None:  # so a table of runs can count the source's training steps too
+        converted.config.extra["converted_at_step"] = trained.global_step
+    write_checkpoint(converted, tokenizer, args.output)
+    print(summary(model, converted, fresh))
+    print(f"wrote {args.output}: fine-tune with hybrid fit init_from={args.output} (add "
+          "callbacks.freeze_copied_weights.steps=K to train only the new mixers for the first K steps)")
+
+
+def write_checkpoint(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, path: str | os.PathLike) -> Path:
+    """Write ``model`` and ``tokenizer`` as ``LitSeq2Seq`` checkpoints hold them (plain data and tensors,
+    read with ``weights_only=True``), atomically: a temporary file beside ``path``, then a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint = {"state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
+                  "model_config": model.config.to_dict(), "tokenizer": tokenizer.to_json_str(), "global_step": 0}
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        torch.save(checkpoint, temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return path
+
+
+def ablate(args: argparse.Namespace) -> None:
+    """Gather the runs under ``args.runs`` into a table (Markdown and CSV) and a Pareto plot."""
+    from hybrid.ablation import run_ablate
+
+    run_ablate(args)
+
+
+def add_convert_and_ablate(commands: argparse._SubParsersAction) -> None:
+    """Register ``hybrid convert`` and ``hybrid ablate`` (ordinary flags, no Hydra) on ``commands``."""
+    command = commands.add_parser("convert", help="swap decoder mixers of a trained model (e.g. attention for "
+                                                  "lstm), keep every other weight, write a checkpoint to fine-tune")
+    command.add_argument("source", help="a .ckpt file written by hybrid fit, or a folder written by hybrid export")
+    command.add_argument("pattern", help="mixers per decoder layer: 'lstm', 'lstm,lstm,attention' or "
+                                         "'0-2:lstm,3:attention'")
+    command.add_argument("output", help="the .ckpt file to write")
+    command.add_argument("--lstm-hidden-size", type=int, default=None, help="width of new LSTM mixers "
+                                                                            "(default: the source's)")
+    command.add_argument("--seed", type=int, default=0, help="seeds the new mixers' initial weights")
+    command.set_defaults(run=convert_checkpoint)
+    command = commands.add_parser("ablate", help="gather hybrid fit runs into a table of test metrics, size, "
+                                                 "training speed and decoding speed, and a Pareto plot")
+    command.add_argument("runs", nargs="+", help="run folders, or folders to search (e.g. outputs)")
+    command.add_argument("--out", default="results/ablations", help="where to write the table and the plot")
+    command.add_argument("--batch-size", type=int, default=8, help="decoding speed: sources per batch")
+    command.add_argument("--new-tokens", type=int, default=128, help="decoding speed: tokens per source")
+    command.add_argument("--source-length", type=int, default=16)
+    command.add_argument("--repeats", type=int, default=5)
+    command.add_argument("--threads", type=int, default=1, help="torch threads while timing decoding")
+    command.set_defaults(run=ablate)
+
+
 # ----- the command line ------------------------------------------------------------------
 
 HYDRA_COMMANDS: dict[str, tuple[str, Callable[[DictConfig], Any], str]] = {
@@ -302,6 +369,8 @@ HYDRA_COMMANDS: dict[str, tuple[str, Callable[[DictConfig], Any], str]] = {
     "generate": ("generate", run_generate,
                  "decode lines: hybrid generate ckpt_path=... input=words.txt output=preds.txt num_beams=4"),
     "bench": ("bench", run_bench, "time decoding per token: hybrid bench [bench=tiny] [device=cuda dtype=bfloat16]"),
+    "bench-bulk": ("bench_bulk", run_bench_bulk,
+                   "time bulk decoding, bucketed and refilled or not: hybrid bench-bulk [g2p.limit=N]"),
 }
 
 
@@ -362,6 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_argument("--uncached", action="store_true",
                          help="also time the crude loop that reruns the decoder over the whole prefix (slow)")
     command.set_defaults(run=demo)
+    add_convert_and_ablate(commands)
     return parser
 
 

@@ -66,6 +66,29 @@ class DecodeState:
             self.cross_values = [v.index_select(0, sources) for v in self.cross_values]
             self.memory_mask = self.memory_mask.index_select(0, sources)
 
+    def refill(self, rows: Tensor, fresh: DecodeState) -> None:
+        """Hand the slots ``rows`` to new sources: copy in ``fresh`` (their just-started state).
+
+        This is continuous batching for a fixed-size state: the new sources' memory and
+        cross-attention keys/values go into the freed rows, and their mixer states start
+        from zero, while the other rows keep decoding. The source length grows (padded,
+        masked) if a new source is longer than any so far.
+        """
+        if self.group_size != 1 or fresh.group_size != 1:
+            raise ValueError("refill works on states without groups (no beams or samples per source)")
+        rows = rows.to(self.memory_mask.device)
+        length = max(self.memory_mask.shape[-1], fresh.memory_mask.shape[-1])
+        self.cross_keys = [_pad_source(k, length).index_copy_(0, rows, _pad_source(new, length))
+                           for k, new in zip(self.cross_keys, fresh.cross_keys, strict=True)]
+        self.cross_values = [_pad_source(v, length).index_copy_(0, rows, _pad_source(new, length))
+                             for v, new in zip(self.cross_values, fresh.cross_values, strict=True)]
+        mask = _pad_source(self.memory_mask.transpose(2, 3), length).transpose(2, 3)
+        new_mask = _pad_source(fresh.memory_mask.transpose(2, 3), length).transpose(2, 3)
+        self.memory_mask = mask.index_copy_(0, rows, new_mask)
+        for state, new in zip(self.mixer_states, fresh.mixer_states, strict=True):
+            for tensor, new_tensor in zip(state.tensors(), new.tensors(), strict=True):
+                tensor.index_copy_(0, rows, new_tensor)
+
     @property
     def mixer_nbytes(self) -> int:
         """Bytes of the decoder's self-mixing state: the LSTM's (h, c) or the KV cache."""
@@ -81,3 +104,9 @@ class DecodeState:
         kinds = ", ".join(type(s).__name__ for s in self.mixer_states)
         return (f"DecodeState(batch_size={self.batch_size}, group_size={self.group_size}, position={self.position}, "
                 f"max_length={self.max_length}, layers=[{kinds}], nbytes={self.nbytes})")
+
+
+def _pad_source(tensor: Tensor, length: int) -> Tensor:
+    """Pad dimension 2 (the source positions of (B, nh, S, hd) keys/values) with zeros up to ``length``."""
+    missing = length - tensor.shape[2]
+    return tensor if missing == 0 else torch.nn.functional.pad(tensor, (0, 0, 0, missing))

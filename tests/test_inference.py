@@ -1,0 +1,207 @@
+"""Bulk inference: input formats, input order, refill equal to decoding alone, resumption after SIGKILL,
+``shard=i/n`` splits and the DDP path, against an exported tiny model."""
+
+import gzip
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from hybrid import inference
+from hybrid.inference import BulkJob, ShardStore, read_sources, run_bulk
+from hybrid.training import Seq2SeqTokenizer
+
+ALPHABET = "abcdefghij"
+GREEDY = {"max_new_tokens": 12}
+SAMPLED = {"max_new_tokens": 12, "do_sample": True, "top_k": 0, "temperature": 1.5}
+
+
+def words(count: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choices(ALPHABET, k=rng.randint(0 if i % 97 == 5 else 1, 12))) for i in range(count)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from threads, and on a shared CPU idle threads spinning cost a lot."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    """A folder that ``hybrid generate ckpt_path=...`` loads: a tiny random model and its tokenizer."""
+    folder = tmp_path_factory.mktemp("model")
+    tokenizer = Seq2SeqTokenizer.train([ALPHABET], [ALPHABET])
+    tiny_model(["lstm", "attention"], seed=1, vocab_size=tokenizer.vocab_size).save_pretrained(folder)
+    tokenizer.save(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def loaded(exported):
+    from hybrid.training.checkpoint import load_for_inference
+
+    return load_for_inference(exported)
+
+
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def hybrid(*args: str, cwd: Path, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "hybrid.cli", "generate", *args], cwd=cwd, input=stdin,
+                            capture_output=True, text=True, timeout=timeout, env=ONE_THREAD)
+    assert result.returncode == 0, f"hybrid generate {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def decode_alone(model, tokenizer, text: str, **options) -> str:
+    ids = tokenizer.encode_source(text)
+    return tokenizer.decode(model.generate(torch.tensor([ids]), **options)[0]) if ids else ""
+
+
+@pytest.mark.parametrize("name", ["plain.txt", "pairs.tsv", "pairs.jsonl", "pairs.tsv.gz", "pairs.jsonl.gz",
+                                  "unnamed"])
+def test_every_input_format_yields_the_sources(tmp_path, name):
+    sources = ["abc", "", "ji", "a b"]
+    if "jsonl" in name:
+        text = "".join(json.dumps({"source": s, "target": "x"}) + "\n" if s else "\n" for s in sources)
+    elif "tsv" in name or name == "unnamed":
+        text = "".join(f"{s}\tx\n" for s in sources)
+    else:
+        text = "".join(f"{s}\n" for s in sources)
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
+    assert list(read_sources(path)) == sources  # "unnamed" is sniffed as TSV from its first line
+
+
+def test_a_malformed_jsonl_line_is_named(tmp_path):
+    (tmp_path / "bad.jsonl").write_text('{"source": "ab"}\n{"text": "ab"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: expected a JSON object"):
+        list(read_sources(tmp_path / "bad.jsonl"))
+
+
+@pytest.mark.parametrize("refill, options, count", [(True, GREEDY, 40), (False, GREEDY, 40),
+                                                    (False, {**GREEDY, "num_beams": 2}, 12)],
+                         ids=["refill", "bucketed", "beams"])
+def test_output_is_in_input_order_and_as_if_each_source_were_alone(loaded, tmp_path, refill, options, count):
+    model, tokenizer = loaded
+    sources = words(count, seed=2)
+    (tmp_path / "in.txt").write_text("\n".join(sources) + "\n")
+    job = BulkJob(generation=options, max_tokens=36, window=15, refill=refill, shard_size=25)
+    assert run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), job, progress=False)
+    expected = [decode_alone(model, tokenizer, text, **options) for text in sources]
+    assert (tmp_path / "out.txt").read_text().split("\n")[:-1] == expected
+    assert not (tmp_path / "out.txt.parts").exists()  # merged, then cleaned up
+
+
+def test_a_rerun_skips_finished_shards_and_writes_the_same_bytes(loaded, tmp_path, monkeypatch):
+    model, tokenizer = loaded
+    (tmp_path / "in.txt").write_text("\n".join(words(200, seed=3)) + "\n")
+    job = BulkJob(generation=SAMPLED, shard_size=30, seed=7)
+    run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "whole.txt"), job, progress=False)
+
+    saved, save = [], ShardStore.save
+
+    def crash_on_the_third_shard(store, shard, lines):
+        if len(saved) == 2:
+            raise KeyboardInterrupt
+        saved.append(shard.start)
+        save(store, shard, lines)
+
+    monkeypatch.setattr(ShardStore, "save", crash_on_the_third_shard)
+    with pytest.raises(KeyboardInterrupt):
+        run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), job, progress=False)
+    monkeypatch.setattr(ShardStore, "save", save)
+    decoded, decode = [], inference.decode_shard
+
+    def counting(*args, **kwargs):
+        decoded.append(1)
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(inference, "decode_shard", counting)
+    assert run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), job, progress=False)
+    assert len(decoded) == 7 - 2  # 200 inputs in shards of 30: 7 shards, 2 were done
+    assert (tmp_path / "out.txt").read_bytes() == (tmp_path / "whole.txt").read_bytes()
+
+
+def test_a_rerun_with_other_settings_is_refused(loaded, tmp_path):
+    model, tokenizer = loaded
+    (tmp_path / "in.txt").write_text("abc\nde\n")
+    job = BulkJob(generation=GREEDY, shard_size=1)
+    run_bulk(model, tokenizer, str(tmp_path / "in.txt"), "-", job, work_dir=str(tmp_path / "work"),
+             keep_shards=True, progress=False)
+    other = BulkJob(generation={"max_new_tokens": 5}, shard_size=1)
+    with pytest.raises(ValueError, match=r"other settings \(generation differ\)"):
+        run_bulk(model, tokenizer, str(tmp_path / "in.txt"), "-", other, work_dir=str(tmp_path / "work"))
+
+
+def test_shard_splits_partition_the_input_and_the_last_job_merges(loaded, tmp_path):
+    model, tokenizer = loaded
+    (tmp_path / "in.txt").write_text("\n".join(words(100, seed=4)) + "\n")
+    job = BulkJob(generation=GREEDY, shard_size=15)
+    run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "whole.txt"), job, progress=False)
+    output, work = str(tmp_path / "out.txt"), tmp_path / "out.txt.parts"
+    finished = [run_bulk(model, tokenizer, str(tmp_path / "in.txt"), output, job, shard=f"{i}/3", progress=False,
+                         keep_shards=True) for i in (2, 0, 1)]
+    assert finished == [False, False, True]
+    ranges = [tuple(r) for path in work.glob("manifest-*.json") for r in json.loads(path.read_text())["done"]]
+    assert sorted(ranges) == [(start, min(start + 15, 100)) for start in range(0, 100, 15)]  # disjoint, covering
+    assert Path(output).read_bytes() == (tmp_path / "whole.txt").read_bytes()
+
+
+def test_standard_input_to_standard_output_with_a_progress_summary(exported, loaded, tmp_path):
+    model, tokenizer = loaded
+    sources = words(30, seed=5)
+    result = hybrid(f"ckpt_path={exported}", "max_new_tokens=12", "batch_size=4", cwd=tmp_path,
+                    stdin="\n".join(sources) + "\n")
+    assert result.stdout.split("\n")[:-1] == [decode_alone(model, tokenizer, text, **GREEDY) for text in sources]
+    assert "sequences/s" in result.stderr and "tokens/s" in result.stderr
+
+
+def test_a_run_killed_midway_resumes_to_identical_output(exported, loaded, tmp_path):
+    model, tokenizer = loaded
+    (tmp_path / "in.txt").write_text("\n".join(words(6000, seed=6)) + "\n")
+    job = BulkJob(generation=GREEDY, shard_size=100)
+    run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "whole.txt"), job, progress=False)
+    args = [f"ckpt_path={exported}", "input=in.txt", "output=out.txt", "shard_size=100", "max_new_tokens=12",
+            "progress=false"]
+    process = subprocess.Popen([sys.executable, "-m", "hybrid.cli", "generate", *args], cwd=tmp_path,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ONE_THREAD)
+    manifest = tmp_path / "out.txt.parts" / "manifest-0of1.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        if manifest.exists() and json.loads(manifest.read_text())["done"]:
+            break
+        time.sleep(0.005)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=10)
+    done = json.loads(manifest.read_text())["done"]
+    assert 1 <= len(done) < 60 and not (tmp_path / "out.txt").exists(), "the kill did not land mid-run"
+    result = hybrid(*args, cwd=tmp_path)
+    assert f"resuming: {len(done)} shard(s) already done" in result.stderr
+    assert (tmp_path / "out.txt").read_bytes() == (tmp_path / "whole.txt").read_bytes()
+
+
+def test_ddp_on_two_cpu_processes_matches_one_process(exported, loaded, tmp_path):
+    """Lightning's predict with the DDP strategy (gloo on the CPU): each rank writes its own shards,
+    rank 0 merges them in input order."""
+    model, tokenizer = loaded
+    (tmp_path / "in.txt").write_text("\n".join(words(300, seed=8)) + "\n")
+    job = BulkJob(generation=GREEDY, shard_size=40)
+    run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "whole.txt"), job, progress=False)
+    hybrid(f"ckpt_path={exported}", "input=in.txt", "output=out.txt", "shard_size=40", "max_new_tokens=12",
+           "strategy=ddp", "devices=2", "keep_shards=true", cwd=tmp_path, timeout=180)
+    manifests = sorted(p.name for p in (tmp_path / "out.txt.parts").glob("manifest-*.json"))
+    assert manifests == ["manifest-0of2.json", "manifest-1of2.json"]
+    assert (tmp_path / "out.txt").read_bytes() == (tmp_path / "whole.txt").read_bytes()
