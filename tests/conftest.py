@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -58,3 +61,16 @@ def padded_batch(lengths: list[int], vocab: int = VOCAB, pad_id: int = 0, seed: 
 @pytest.fixture(params=MIXER_PATTERNS, ids=pattern_id)
 def mixer_pattern(request) -> list[str]:
     return request.param
+
+
+def execute_notebook(path: Path) -> dict:
+    """Run a notebook's code cells in order, in one namespace, from the notebook's folder; returns it.
+
+    The tests call this after pointing the notebook at a tiny results file through its
+    environment variable, so every cell runs as a reader's kernel would run it.
+    """
+    namespace: dict = {}
+    for cell in json.loads(path.read_text())["cells"]:
+        if cell["cell_type"] == "code":
+            exec(compile("".join(cell["source"]), path.name, "exec"), namespace)
+    return namespace

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import tiny_model
+from conftest import execute_notebook, tiny_model
 from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
@@ -103,11 +103,7 @@ def test_ablation_notebook_runs_on_a_results_table(tmp_path, monkeypatch):
             for name, steps, ms, cer, match in [("attention", 600, 2.0, 0.1, 0.5), ("lstm", 600, 1.0, 0.3, 0.2),
                                                 ("convert", 120, 1.0, 0.2, 0.45)]]
     write_results(rows, tmp_path)
-    notebook = json.loads((ROOT / "notebooks" / "ablations.ipynb").read_text())
     monkeypatch.setenv("HYBRID_ABLATION_RESULTS", str(tmp_path / "ablations.csv"))
     monkeypatch.chdir(ROOT / "notebooks")
-    namespace: dict = {}
-    for cell in notebook["cells"]:
-        if cell["cell_type"] == "code":
-            exec(compile("".join(cell["source"]), "ablations.ipynb", "exec"), namespace)
+    namespace = execute_notebook(ROOT / "notebooks" / "ablations.ipynb")
     assert len(namespace["rows"]) == 3 and namespace["figure"].axes

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import execute_notebook
 
 ROOT = Path(__file__).resolve().parents[2]
 NUMBERS = ["ms_per_token", "ms_per_token_min", "ms_per_token_max", "tokens_per_s", "prefill_ms"]
@@ -58,12 +59,8 @@ def test_lstm_state_is_constant_and_kv_cache_grows(tiny_results):
 
 
 def test_benchmark_notebook_runs_on_the_results(tiny_results, monkeypatch):
-    notebook = json.loads((ROOT / "notebooks" / "benchmark.ipynb").read_text())
     monkeypatch.setenv("HYBRID_BENCH_RESULTS", str(tiny_results / "results.json"))
     monkeypatch.chdir(ROOT / "notebooks")
-    namespace: dict = {}
-    for cell in notebook["cells"]:
-        if cell["cell_type"] == "code":
-            exec(compile("".join(cell["source"]), "benchmark.ipynb", "exec"), namespace)
+    namespace = execute_notebook(ROOT / "notebooks" / "benchmark.ipynb")
     assert set(namespace["plots"]) == {"ms_per_token", "throughput", "memory"}
     assert os.environ["HYBRID_BENCH_RESULTS"].endswith("results.json")
