@@ -3,9 +3,10 @@
 ``fit``, ``validate`` and ``test`` (Lightning's verbs) and ``generate`` are configured by Hydra from
 ``hybrid.configs``: they take overrides (``hybrid fit model=transformer trainer.max_epochs=3``),
 ``-m`` for a sweep, and Hydra's own flags (``hybrid fit --cfg job`` prints the composed config).
-Each run writes its composed config to ``.hydra/`` in its output folder. ``export`` and ``demo``
-take ordinary flags. Lightning is imported only by the verbs that train or evaluate, so
-``generate``, ``export`` and ``demo`` need neither it nor its start-up time.
+Each run writes its composed config to ``.hydra/`` in its output folder. ``bench`` and ``bench-bulk``
+are Hydra commands too; ``export``, ``convert``, ``ablate`` and ``demo`` take ordinary flags.
+Lightning is imported only by the verbs that train or evaluate, so ``generate``, ``export`` and
+``demo`` need neither it nor its start-up time.
 """
 
 from __future__ import annotations
@@ -259,8 +260,6 @@ def run_bench_bulk(cfg: DictConfig) -> Path:
     from hybrid.bench.bulk import run_bench_bulk as run
 
     return run(cfg)
-
-
 
 
 def export(args: argparse.Namespace) -> None:

@@ -158,8 +158,9 @@ def _sample(run: _Run, session) -> GenerateOutput:
         else:
             tokens = scores.argmax(dim=-1)
         tokens = tokens.masked_fill(finished, run.pad_id)
-        token_logprobs = F.log_softmax(scores, dim=-1).gather(1, tokens[:, None]).squeeze(1)
-        logprob_sums += token_logprobs.masked_fill(finished | forced, 0.0)
+        if config.return_dict_in_generate:  # a full-vocabulary log-softmax per step, only when asked for
+            token_logprobs = F.log_softmax(scores, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+            logprob_sums += token_logprobs.masked_fill(finished | forced, 0.0)
         sequences[:, step + 1] = tokens
         if run.keep_scores:
             step_scores.append(_scatter_rows(scores, rows, rows_total, float("-inf")))
