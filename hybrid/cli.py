@@ -256,7 +256,7 @@ def run_bench(cfg: DictConfig) -> Path:
 
 
 def run_bench_bulk(cfg: DictConfig) -> Path:
-    """Time a bulk job decoded four ways, LSTM and attention decoders (the composed ``bench_bulk.yaml``)."""
+    """Time a bulk job decoded five ways, LSTM and attention decoders (the composed ``bench_bulk.yaml``)."""
     from hybrid.bench.bulk import run_bench_bulk as run
 
     return run(cfg)

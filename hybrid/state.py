@@ -66,28 +66,49 @@ class DecodeState:
             self.cross_values = [v.index_select(0, sources) for v in self.cross_values]
             self.memory_mask = self.memory_mask.index_select(0, sources)
 
-    def refill(self, rows: Tensor, fresh: DecodeState) -> None:
-        """Hand the slots ``rows`` to new sources: copy in ``fresh`` (their just-started state).
+    @torch.inference_mode()  # the state's tensors are inference tensors (made by Seq2Seq.start)
+    def refill(self, rows: Tensor, fresh: DecodeState, fresh_rows: Tensor | None = None,
+               source_length: int | None = None) -> None:
+        """Hand the slots ``rows`` to new sources: the memory of ``fresh``'s rows ``fresh_rows`` (all by default).
 
         This is continuous batching for a fixed-size state: the new sources' memory and
-        cross-attention keys/values go into the freed rows, and their mixer states start
-        from zero, while the other rows keep decoding. The source length grows (padded,
-        masked) if a new source is longer than any so far.
+        cross-attention keys/values go into the freed rows and their mixer states restart
+        (:meth:`hybrid.mixers.MixerState.reset`), while the other rows keep decoding. Only
+        ``fresh``'s memory is read, so it may have been started for any length, and several
+        refills can draw on one ``fresh`` state encoded for a block of sources.
+
+        The memory becomes ``source_length`` positions long (default: the longer of the two),
+        which must cover every row's real source tokens: a caller that knows its rows' source
+        lengths passes their maximum, and the memory never stays longer than its longest row.
         """
         if self.group_size != 1 or fresh.group_size != 1:
             raise ValueError("refill works on states without groups (no beams or samples per source)")
-        rows = rows.to(self.memory_mask.device)
-        length = max(self.memory_mask.shape[-1], fresh.memory_mask.shape[-1])
-        self.cross_keys = [_pad_source(k, length).index_copy_(0, rows, _pad_source(new, length))
-                           for k, new in zip(self.cross_keys, fresh.cross_keys, strict=True)]
-        self.cross_values = [_pad_source(v, length).index_copy_(0, rows, _pad_source(new, length))
-                             for v, new in zip(self.cross_values, fresh.cross_values, strict=True)]
-        mask = _pad_source(self.memory_mask.transpose(2, 3), length).transpose(2, 3)
-        new_mask = _pad_source(fresh.memory_mask.transpose(2, 3), length).transpose(2, 3)
-        self.memory_mask = mask.index_copy_(0, rows, new_mask)
-        for state, new in zip(self.mixer_states, fresh.mixer_states, strict=True):
-            for tensor, new_tensor in zip(state.tensors(), new.tensors(), strict=True):
-                tensor.index_copy_(0, rows, new_tensor)
+        device = self.memory_mask.device
+        rows = rows.to(device)
+        fresh_rows = torch.arange(rows.shape[0], device=device) if fresh_rows is None else fresh_rows.to(device)
+        if fresh_rows.shape != rows.shape:
+            raise ValueError(f"refill needs one fresh row per slot, got {fresh_rows.shape[0]} for {rows.shape[0]}")
+        length = source_length or max(self.memory_mask.shape[-1], fresh.memory_mask.shape[-1])
+
+        def copy_in(old: Tensor, new: Tensor, dim: int) -> Tensor:
+            return _fit(old, length, dim).index_copy_(0, rows, _fit(new.index_select(0, fresh_rows), length, dim))
+
+        self.cross_keys = [copy_in(k, new, 2) for k, new in zip(self.cross_keys, fresh.cross_keys, strict=True)]
+        self.cross_values = [copy_in(v, new, 2) for v, new in zip(self.cross_values, fresh.cross_values, strict=True)]
+        self.memory_mask = copy_in(self.memory_mask, fresh.memory_mask, 3)
+        for state in self.mixer_states:
+            state.reset(rows)
+
+    def trim_source(self, length: int) -> None:
+        """Drop the source positions from ``length`` on, which must be padding in every row.
+
+        After refills the memory is as long as the longest source it held; once that row has
+        left, trimming makes every cross-attention step cheaper again.
+        """
+        if length < self.memory_mask.shape[-1]:
+            self.cross_keys = [_fit(k, length, 2) for k in self.cross_keys]
+            self.cross_values = [_fit(v, length, 2) for v in self.cross_values]
+            self.memory_mask = _fit(self.memory_mask, length, 3)
 
     @property
     def mixer_nbytes(self) -> int:
@@ -106,7 +127,13 @@ class DecodeState:
                 f"max_length={self.max_length}, layers=[{kinds}], nbytes={self.nbytes})")
 
 
-def _pad_source(tensor: Tensor, length: int) -> Tensor:
-    """Pad dimension 2 (the source positions of (B, nh, S, hd) keys/values) with zeros up to ``length``."""
-    missing = length - tensor.shape[2]
-    return tensor if missing == 0 else torch.nn.functional.pad(tensor, (0, 0, 0, missing))
+def _fit(tensor: Tensor, length: int, dim: int) -> Tensor:
+    """``tensor`` with dimension ``dim`` (source positions) cut or zero-padded to ``length``, contiguous."""
+    missing = length - tensor.shape[dim]
+    if missing < 0:
+        return tensor.narrow(dim, 0, length).contiguous()
+    if missing == 0:
+        return tensor
+    padding = list(tensor.shape)
+    padding[dim] = missing
+    return torch.cat([tensor, tensor.new_zeros(padding)], dim)

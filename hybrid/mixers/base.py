@@ -8,7 +8,7 @@ positions (causally). It has two forms that must agree to float precision:
   state that :meth:`allocate_state` preallocated, in place.
 
 Each mixer owns the class of its state, so the generation engine only ever talks to
-the generic :class:`MixerState` interface (``reorder``, ``nbytes``).
+the generic :class:`MixerState` interface (``reorder``, ``reset``, ``nbytes``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,12 @@ class MixerState:
         """Keep and reorder sequences: row ``i`` becomes old row ``index[i]`` (one index_select each)."""
         for field in dataclasses.fields(self):
             setattr(self, field.name, getattr(self, field.name).index_select(0, index))
+
+    def reset(self, rows: Tensor) -> None:
+        """Return ``rows`` to the state :meth:`Mixer.allocate_state` starts from: zeros. A mixer whose
+        initial state is not zero overrides this. Continuous refill calls it for rows handed to new sources."""
+        for tensor in self.tensors():
+            tensor.index_fill_(0, rows, 0)
 
     @property
     def nbytes(self) -> int:

@@ -33,12 +33,15 @@ def test_bucketing_rejects_a_bad_budget():
         list(bucketed_batches(random_sources(3), max_tokens=0))
 
 
+@pytest.mark.parametrize("bucketed", [True, False], ids=["bucketed", "input-order"])
 @pytest.mark.parametrize("mixers", [[name, name] for name in sorted(MIXERS)] + [["lstm", "attention"]])
-def test_refill_decodes_every_source_as_if_alone(mixers):
+def test_refill_decodes_every_source_as_if_alone(mixers, bucketed):
+    # Input order mixes lengths in the slots, so the memory grows on refills and is trimmed on the way out.
     model = tiny_model(mixers, seed=3)
     sources = random_sources(23, seed=4)
     decoder = RefillDecoder(model, slots=4, max_new_tokens=14)
-    results = dict(decoder.run(bucketed_batches(sources, max_tokens=40, window=10)))
+    batches = bucketed_batches(sources, max_tokens=40, window=10) if bucketed else [sources]
+    results = dict(decoder.run(batches))
     assert sorted(results) == list(range(23))
     for source in sources:
         alone = model.generate(torch.tensor([source.ids]), max_new_tokens=14)[0]
@@ -49,3 +52,30 @@ def test_refill_decodes_every_source_as_if_alone(mixers):
 def test_refill_refuses_options_it_cannot_honour():
     with pytest.raises(ValueError, match=r"does not support \['num_beams'\]"):
         RefillDecoder(tiny_model(["lstm"]), slots=2, num_beams=2)
+
+
+def test_refill_from_a_block_and_trimming_keep_every_row_exact():
+    model = tiny_model(["lstm", "attention"], seed=5)
+    long_src = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12], [4, 5, 6, 0, 0, 0, 0, 0]])
+    state = model.start(long_src, max_new_tokens=6)
+    block = model.start(torch.tensor([[7, 8, 0, 0, 0, 0], [9, 10, 11, 12, 3, 4], [3, 4, 5, 0, 0, 0]]),
+                        max_new_tokens=1)  # only its memory is used
+    bos = torch.full((2,), model.config.bos_id)
+    model.step_unchecked(bos, state, torch.tensor([0, 0]))
+    # Row 0 (the long source) leaves; block row 2 takes its slot; the memory shrinks to 3 positions.
+    state.refill(torch.tensor([0]), block, torch.tensor([2]), source_length=3)
+    assert state.memory_mask.shape[-1] == 3
+    logits = model.step_unchecked(torch.tensor([model.config.bos_id, 9]), state, torch.tensor([0, 1]))
+    alone = model.start(torch.tensor([[3, 4, 5]]), max_new_tokens=2)
+    assert (logits[0] - model.step(bos[:1], alone)[0]).abs().max().item() <= 1e-4
+    other = model(long_src[1:, :3], torch.tensor([[model.config.bos_id, 9]]))[0, 1]
+    assert (logits[1] - other).abs().max().item() <= 1e-4
+    state.trim_source(3)  # nothing to trim: a no-op
+    assert state.memory_mask.shape[-1] == 3
+
+
+def test_refill_needs_one_fresh_row_per_slot():
+    model = tiny_model(["lstm"], seed=5)
+    state = model.start(torch.tensor([[5, 6], [7, 8]]), max_new_tokens=2)
+    with pytest.raises(ValueError, match="one fresh row per slot"):
+        state.refill(torch.tensor([0, 1]), state, torch.tensor([0]))
