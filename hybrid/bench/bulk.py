@@ -195,6 +195,38 @@ def bench_dataset(name: str, models: dict[str, Seq2Seq], sources: list[Source], 
     return rows
 
 
+@torch.inference_mode()
+def step_cost_by_rows(name: str, decoder: str, model: Seq2Seq, sources: list[Source],
+                      settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """Milliseconds per decoding step at each of ``step_cost.rows`` rows (the first sources, greedy, from
+    the first position): how a step's cost grows with its batch, which is what decides how much
+    keeping batches full can buy on this device."""
+    cost, cells = settings["step_cost"], []
+    device, config = next(model.parameters()).device, model.config
+    for rows in cost["rows"]:
+        src = pad_sources(sources[:rows], config.pad_id, device)
+        per_step = []
+        for repeat in range(cost["repeats"] + 1):  # the first is a warm-up
+            state = model.start(src, src.ne(config.pad_id), max_new_tokens=cost["steps"])
+            tokens = torch.full((src.shape[0],), config.bos_id, dtype=torch.long, device=device)
+            _synchronize(device)
+            begin = time.perf_counter()
+            for _ in range(cost["steps"]):
+                tokens = model.step_unchecked(tokens, state).argmax(dim=-1)
+            _synchronize(device)
+            if repeat:
+                per_step.append((time.perf_counter() - begin) * 1e3 / cost["steps"])
+        cells.append({"dataset": name, "decoder": decoder, "rows": src.shape[0],
+                      "ms_per_step": statistics.median(per_step), "ms_per_step_min": min(per_step),
+                      "ms_per_step_max": max(per_step)})
+    return cells
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def resident_mib() -> float:
     """This process's resident memory now, in MiB (Linux /proc; the peak from getrusage elsewhere)."""
     try:
@@ -259,7 +291,7 @@ def run_bulk_benchmark(settings: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(settings["threads"])
     device = torch.device(settings["device"])
     load_average = [round(load, 2) for load in os.getloadavg()]  # other work on a shared machine skews timings
-    rows, models_used, memory = [], {}, None
+    rows, models_used, memory, step_cost = [], {}, None, []
     g2p = settings["g2p"]
     if g2p["enabled"]:
         checkpoints = g2p.get("checkpoints") or {}
@@ -276,6 +308,7 @@ def run_bulk_benchmark(settings: dict[str, Any]) -> dict[str, Any]:
                 model = random_model(settings, decoder, None).to(device)
                 sources = g2p_sources(settings, vocab_size=settings["model"]["vocab_size"])
                 models_used[f"g2p/{decoder}"] = "random weights at the bench shape"
+            step_cost += step_cost_by_rows("g2p", decoder, model, sources, settings)
             rows += bench_dataset("g2p", {decoder: model}, sources, {"max_new_tokens": g2p["max_new_tokens"]},
                                   settings, g2p["chunk_size"], g2p["repeats"])
     synthetic = settings["synthetic"]
@@ -285,13 +318,16 @@ def run_bulk_benchmark(settings: dict[str, Any]) -> dict[str, Any]:
                   for decoder in settings["decoders"]}
         models_used.update({f"synthetic/{decoder}": f"random weights (init std {synthetic['init_std'] or 'default'}), "
                                                     f"{synthetic['generation']}" for decoder in settings["decoders"]})
+        for decoder, model in models.items():
+            step_cost += step_cost_by_rows("synthetic", decoder, model, sources, settings)
         rows += bench_dataset("synthetic", models, sources, synthetic["generation"], settings,
                               synthetic["chunk_size"], synthetic["repeats"])
     return {"meta": {"device": str(device), "device_name": platform.processor() or platform.machine(),
                      "threads": torch.get_num_threads(), "torch": torch.__version__, "load_average": load_average,
                      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                      "models": models_used},
-            "settings": settings, "rows": rows, "ratios": ratios(rows), "memory": memory}
+            "settings": settings, "rows": rows, "ratios": ratios(rows), "memory": memory,
+            "step_cost": step_cost}
 
 
 def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -332,6 +368,18 @@ def markdown_table(results: dict[str, Any]) -> str:
         lines.append(f"| {row['dataset']} | {row['decoder']} | {row['mode']} | {row['sequences']:,} | "
                      f"{row['rounds']} | {row['sequences_per_s']:,.1f} | {row['tokens_per_s']:,.0f} | {speedup} | "
                      f"{length['mean']:.1f} / {length['p50']} / {length['p90']} / {length['max']} |")
+    cost = results.get("step_cost") or []
+    if cost:
+        widths, how = sorted({cell["rows"] for cell in cost}), results["settings"]["step_cost"]
+        lines += ["", f"Milliseconds per decoding step by rows in the batch (median of {how['repeats']} runs of "
+                      f"{how['steps']} steps from the first position; per row in brackets):", "",
+                  "| dataset | decoder | " + " | ".join(f"{width} rows" for width in widths) + " |",
+                  "|---|---|" + "---:|" * len(widths)]
+        for key in dict.fromkeys((cell["dataset"], cell["decoder"]) for cell in cost):
+            by_rows = {cell["rows"]: cell["ms_per_step"] for cell in cost if (cell["dataset"], cell["decoder"]) == key}
+            lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(
+                f"{by_rows[width]:.2f} ({by_rows[width] / width:.3f})" if width in by_rows else ""
+                for width in widths) + " |")
     memory = results.get("memory")
     if memory:
         lines += ["", f"Memory over one `hybrid generate` job of {memory['inputs']:,} inputs ({memory['decoder']} "

@@ -27,7 +27,8 @@ def g2p_checkpoint(tmp_path_factory):
 def test_bench_bulk_runs_every_mode_with_equal_outputs(g2p_checkpoint, tmp_path):
     overrides = [f"output_dir={tmp_path}", "g2p.limit=150", "g2p.max_new_tokens=12", "g2p.chunk_size=50",
                  "batch_size=16", "max_tokens=256", "window=40", f"g2p.checkpoints.lstm={g2p_checkpoint}",
-                 "g2p.decoders=[lstm]", "memory.limit=300", "memory.sample_every_s=0.01", "synthetic.count=24",
+                 "g2p.decoders=[lstm]", "memory.limit=300", "step_cost.rows=[1,4]", "step_cost.repeats=2",
+                 "memory.sample_every_s=0.01", "synthetic.count=24",
                  "synthetic.repeats=2", "synthetic.max_source_length=12", "synthetic.generation.max_new_tokens=20",
                  "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.encoder_layers=1",
                  "model.decoder_layers=2", "model.vocab_size=16"]
@@ -52,6 +53,10 @@ def test_bench_bulk_runs_every_mode_with_equal_outputs(g2p_checkpoint, tmp_path)
         assert ratio["round_speedup_min"] <= ratio["round_speedup_median"] <= ratio["round_speedup_max"]
         if ratio["mode"] == "input-order":
             assert ratio["speedup_over_input_order"] == ratio["round_speedup_max"] == 1.0
+    cost = {(cell["dataset"], cell["decoder"], cell["rows"]) for cell in results["step_cost"]}
+    assert cost == {(dataset, decoder, rows) for dataset, decoder in [("g2p", "lstm"), ("synthetic", "lstm"),
+                                                                      ("synthetic", "attention")] for rows in (1, 4)}
+    assert all(0 < cell["ms_per_step_min"] <= cell["ms_per_step"] for cell in results["step_cost"])
     memory = results["memory"]
     assert memory["inputs"] == 300 and memory["samples"] and memory["rss_mib_end"] > 0
     table = (tmp_path / "results.md").read_text()
