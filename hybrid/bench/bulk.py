@@ -153,6 +153,8 @@ def bench_dataset(name: str, models: dict[str, Seq2Seq], sources: list[Source], 
     drift in the machine's speed hits every mode alike; each round's ratios give the spread.
     """
     rows, max_new_tokens, modes = [], generation["max_new_tokens"], settings["modes"]
+    if not modes:
+        return rows
     size = chunk_size or len(sources)
     rounds = [sources[first:first + size] for _ in range(repeats) for first in range(0, len(sources), size)]
 
@@ -288,6 +290,9 @@ def run_bulk_benchmark(settings: dict[str, Any]) -> dict[str, Any]:
     """Run both datasets for both decoders and every mode; returns the results dict."""
     from hybrid.training.checkpoint import load_for_inference
 
+    unknown = sorted(set(settings["modes"]) - set(MODES))
+    if unknown:
+        raise ValueError(f"unknown modes {unknown}; choose among {list(MODES)}")
     torch.set_num_threads(settings["threads"])
     device = torch.device(settings["device"])
     load_average = [round(load, 2) for load in os.getloadavg()]  # other work on a shared machine skews timings
@@ -300,7 +305,7 @@ def run_bulk_benchmark(settings: dict[str, Any]) -> dict[str, Any]:
                 model, tokenizer = load_for_inference(checkpoints[decoder], device)
                 sources = g2p_sources(settings, tokenizer)
                 models_used[f"g2p/{decoder}"] = f"trained: {checkpoints[decoder]}"
-                if settings["memory"]["enabled"] and decoder == settings["memory"]["decoder"]:
+                if settings["memory"]["enabled"] and decoder == settings["memory"]["decoder"]:  # needs a tokenizer
                     memory = {"decoder": decoder, **memory_over_run(model, tokenizer, settings)}
                     print(f"memory over {memory['inputs']:,} inputs: {memory['rss_mib_at_10_percent']:.0f} MiB at 10% "
                           f"of the run, at most {memory['rss_mib_max_after_10_percent']:.0f} MiB after", flush=True)
@@ -382,12 +387,15 @@ def markdown_table(results: dict[str, Any]) -> str:
                 for width in widths) + " |")
     memory = results.get("memory")
     if memory:
+        half = len(memory["samples"]) // 2
+        second_half = max(mib for _, mib in memory["samples"][half:]) - memory["samples"][half][1]
         lines += ["", f"Memory over one `hybrid generate` job of {memory['inputs']:,} inputs ({memory['decoder']} "
                       f"G2P checkpoint, shards of {memory['shard_size']:,}): resident "
                       f"{memory['rss_mib_at_10_percent']:.0f} MiB at 10% of the run, at most "
                       f"{memory['rss_mib_max_after_10_percent']:.0f} MiB after it "
-                      f"(growth {memory['growth_mib_after_10_percent']:+.1f} MiB), {memory['rss_mib_end']:.0f} MiB "
-                      f"at the end; {memory['sequences_per_s']:,.0f} sequences/s."]
+                      f"(growth {memory['growth_mib_after_10_percent']:+.1f} MiB; {second_half:+.1f} MiB over the "
+                      f"second half of the run), {memory['rss_mib_end']:.0f} MiB at the end; "
+                      f"{memory['sequences_per_s']:,.0f} sequences/s."]
     lines += ["", "Models: " + "; ".join(f"{key}: {value}" for key, value in results["meta"]["models"].items())]
     return "\n".join(lines) + "\n"
 

@@ -8,7 +8,7 @@ import torch
 from conftest import tiny_model
 from hydra import compose, initialize_config_module
 
-from hybrid.bench.bulk import MODES, markdown_table, plain_loop, run_bench_bulk
+from hybrid.bench.bulk import MODES, markdown_table, plain_loop, run_bench_bulk, run_bulk_benchmark
 from hybrid.generation.bulk import RefillDecoder
 from hybrid.training import Seq2SeqTokenizer
 
@@ -70,3 +70,8 @@ def test_plain_loop_decodes_like_generate_without_shrinking():
     got = plain_loop(model, src, RefillDecoder(model, 3, max_new_tokens=10))
     assert torch.equal(got, expected[:, :got.shape[1]])
     assert got.shape[1] == expected.shape[1]  # both stop when the last row ends
+
+
+def test_an_unknown_mode_is_refused_before_any_work():
+    with pytest.raises(ValueError, match=r"unknown modes \['fast'\]; choose among"):
+        run_bulk_benchmark({"modes": ["input-order", "fast"]})
