@@ -159,9 +159,11 @@ def _memory_budget_sweep(contenders: list[Contender], settings: dict, device: to
 def _summarise(contender: Contender, repeats: list[dict], batch: int, new_tokens: int, settings: dict,
                device: torch.device) -> dict:
     prefill_ms = [1000 * r["prefill_s"] for r in repeats]
-    # Decoding = the whole call minus the typical prefill; the median prefill is steadier than each
-    # repeat's own, which is one short timing and so the noisiest number of the cell.
-    prefill_s = statistics.median(r["prefill_s"] for r in repeats)
+    # Decoding = the whole call minus the prefill it contains. Each prefill timing is one short
+    # measurement, the noisiest of the cell, and noise (preemption, a busy neighbour) only ever adds
+    # time, so the fastest of them is the best estimate; a median of two can carry one hiccup of
+    # several milliseconds and, on a short cell, push the decoding time below zero.
+    prefill_s = min(r["prefill_s"] for r in repeats)
     decode_ms = [1000 * (r["total_s"] - prefill_s) / new_tokens for r in repeats]
     median_ms = statistics.median(decode_ms)
     row = {
