@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 FORMATS = ("auto", "text", "tsv", "jsonl")
 # Options RefillDecoder may ignore: it reads the end-of-sequence flags every step and strips padding.
-_REFILL_IGNORES = frozenset({"eos_check_interval", "pad_token_id"})
+_REFILL_IGNORES = frozenset({"pad_token_id"})
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(GenerationConfig)}
 
 

@@ -288,6 +288,7 @@ def memory_over_run(model: Seq2Seq, tokenizer, settings: dict[str, Any]) -> dict
 
 def run_bulk_benchmark(settings: dict[str, Any]) -> dict[str, Any]:
     """Run both datasets for both decoders and every mode; returns the results dict."""
+    from hybrid.bench.runner import git_commit
     from hybrid.training.checkpoint import load_for_inference
 
     unknown = sorted(set(settings["modes"]) - set(MODES))
@@ -329,6 +330,7 @@ def run_bulk_benchmark(settings: dict[str, Any]) -> dict[str, Any]:
                               synthetic["chunk_size"], synthetic["repeats"])
     return {"meta": {"device": str(device), "device_name": platform.processor() or platform.machine(),
                      "threads": torch.get_num_threads(), "torch": torch.__version__, "load_average": load_average,
+                     "git_commit": git_commit(),
                      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                      "models": models_used},
             "settings": settings, "rows": rows, "ratios": ratios(rows), "memory": memory,
@@ -356,7 +358,8 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def markdown_table(results: dict[str, Any]) -> str:
     speedups = {(r["dataset"], r["decoder"], r["mode"]): r for r in results["ratios"]}
     lines = [f"Bulk decoding on {results['meta']['device_name']} ({results['meta']['threads']} threads), "
-             f"{results['meta']['date']}; at most {results['settings']['batch_size']} rows per batch in every mode; "
+             f"{results['meta']['date']}, commit {results['meta'].get('git_commit', 'not recorded')[:10]}; "
+             f"at most {results['settings']['batch_size']} rows per batch in every mode; "
              f"G2P greedy, synthetic sampled (see hybrid/bench/bulk.py). Load average at the start: "
              f"{results['meta'].get('load_average', 'not recorded')}.",
              "", "Each dataset is decoded in rounds (chunks of it, or repeats of all of it); every round runs every "

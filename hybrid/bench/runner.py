@@ -38,7 +38,7 @@ def _timed(device: torch.device, call) -> float:
     return time.perf_counter() - begin
 
 
-def _git_commit() -> str:
+def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
                               cwd=Path(__file__).parent).stdout.strip()
@@ -87,7 +87,7 @@ def run_benchmark(settings: dict) -> dict:
     return {
         "meta": {
             "device": str(device), "device_name": _device_name(device), "dtype": settings["dtype"],
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "git_commit": _git_commit(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "git_commit": git_commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "source_length": settings["source_length"], "seed": settings["seed"], "repeats": settings["repeats"],
             "model": dict(shape),

@@ -68,16 +68,17 @@ class RefillDecoder:
     """Greedy or sampled decoding over ``slots`` rows that are refilled as sequences finish.
 
     Supported options: ``max_new_tokens``, ``min_new_tokens``, ``eos_token_id``, ``do_sample``
-    with ``temperature``/``top_k``/``top_p``/``min_p``, and ``generator``. Options whose
-    processors read each row's history (penalties, n-gram and word bans, custom
+    with ``temperature``/``top_k``/``top_p``/``min_p``, ``generator`` and ``eos_check_interval``.
+    Options whose processors read each row's history (penalties, n-gram and word bans, custom
     processors), beam search and forced prefixes need rows that advance together: use
-    bucketed batches through ``generate`` for those. Knowing which slots to refill reads
-    the end-of-sequence flags on the host every step; with wide batches that read is small
-    next to the step itself.
+    bucketed batches through ``generate`` for those. Knowing which slots to refill reads the
+    end-of-sequence flags on the host, every ``eos_check_interval`` steps (as in ``generate``:
+    by default every step on a CPU, where the read is free, and every 8 on a GPU, where it
+    stalls the queue of kernels); rows that finish in between wait for the check.
     """
 
     SUPPORTED = {"max_new_tokens", "min_new_tokens", "eos_token_id", "do_sample", "temperature", "top_k",
-                 "top_p", "min_p", "generator"}
+                 "top_p", "min_p", "generator", "eos_check_interval"}
 
     def __init__(self, model, slots: int, **options) -> None:
         unsupported = sorted(set(options) - self.SUPPORTED)
@@ -127,20 +128,30 @@ class RefillDecoder:
         owners = [source.index for source in sources]  # which input each slot decodes
         source_lengths = [len(source.ids) for source in sources]  # on the host: how long the memory must be
         rows = len(sources)
-        positions = torch.zeros(rows, dtype=torch.long, device=device)
+        positions = torch.zeros(rows, dtype=torch.long, device=device)  # tokens generated per row
+        finished = torch.zeros(rows, dtype=torch.bool, device=device)
         tokens = torch.full((rows,), bos_id, dtype=torch.long, device=device)
-        outputs = torch.full((rows, length), pad_id, dtype=torch.long, device=device)
+        # One spare column: a finished row, waiting for the next check, writes padding there or after its end.
+        outputs = torch.full((rows, length + 1), pad_id, dtype=torch.long, device=device)
         eos = torch.tensor(self.eos_ids, device=device)
+        interval = self.config.eos_check_interval or (1 if device.type == "cpu" else 8)
+        step = 0
         while rows:
-            tokens = self.next_tokens(model.step_unchecked(tokens, state, positions), tokens, positions)
+            # A finished row steps on (its position held below the cache's end) until the next check.
+            logits = model.step_unchecked(tokens, state, positions.clamp(max=length - 1))
+            tokens = self.next_tokens(logits, tokens, positions).masked_fill(finished, pad_id)
             outputs.scatter_(1, positions[:, None], tokens[:, None])
-            positions += 1
-            done = (torch.isin(tokens, eos) | (positions >= length)).nonzero().flatten().tolist()
+            positions += ~finished
+            finished |= torch.isin(tokens, eos) | (positions >= length)
+            step += 1
+            if step % interval:
+                continue
+            done = finished.nonzero().flatten().tolist()  # the only host read, every `interval` steps
             if not done:
                 continue
-            for row in done:
-                finished = outputs[row, :int(positions[row])].tolist()
-                yield owners[row], finished
+            index = torch.tensor(done, dtype=torch.long, device=device)
+            for row, ids, generated in zip(done, outputs[index].tolist(), positions[index].tolist(), strict=True):
+                yield owners[row], ids[:generated]
                 source_lengths[row] = 0
             free = done
             while free and (taken := incoming.take(len(free))) is not None:
@@ -151,6 +162,7 @@ class RefillDecoder:
                 index = torch.tensor(slots, dtype=torch.long, device=device)
                 state.refill(index, fresh, fresh_rows, source_length=max(source_lengths))
                 positions[index] = 0
+                finished[index] = False
                 tokens[index] = bos_id
                 outputs[index] = pad_id
             if free:  # nothing left to read: the batch shrinks
@@ -159,7 +171,7 @@ class RefillDecoder:
                 state.reorder(index)
                 owners = [owners[row] for row in keep]
                 source_lengths = [source_lengths[row] for row in keep]
-                positions, tokens, outputs = positions[index], tokens[index], outputs[index]
+                positions, finished, tokens, outputs = positions[index], finished[index], tokens[index], outputs[index]
                 rows = len(keep)
                 if rows:
                     state.trim_source(max(source_lengths))

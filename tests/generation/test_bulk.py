@@ -33,13 +33,15 @@ def test_bucketing_rejects_a_bad_budget():
         list(bucketed_batches(random_sources(3), max_tokens=0))
 
 
-@pytest.mark.parametrize("bucketed", [True, False], ids=["bucketed", "input-order"])
+@pytest.mark.parametrize("bucketed, interval", [(True, 1), (False, 1), (True, 3)],
+                         ids=["bucketed", "input-order", "checked-every-3-steps"])
 @pytest.mark.parametrize("mixers", [[name, name] for name in sorted(MIXERS)] + [["lstm", "attention"]])
-def test_refill_decodes_every_source_as_if_alone(mixers, bucketed):
+def test_refill_decodes_every_source_as_if_alone(mixers, bucketed, interval):
     # Input order mixes lengths in the slots, so the memory grows on refills and is trimmed on the way out.
+    # Checking every 3 steps leaves finished rows (some at the length limit) stepping until the check.
     model = tiny_model(mixers, seed=3)
     sources = random_sources(23, seed=4)
-    decoder = RefillDecoder(model, slots=4, max_new_tokens=14)
+    decoder = RefillDecoder(model, slots=4, max_new_tokens=14, eos_check_interval=interval)
     batches = bucketed_batches(sources, max_tokens=40, window=10) if bucketed else [sources]
     results = dict(decoder.run(batches))
     assert sorted(results) == list(range(23))
