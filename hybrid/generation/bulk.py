@@ -95,14 +95,17 @@ class RefillDecoder:
         self.never_generate = sorted({model_config.pad_id, model_config.bos_id} - set(self.eos_ids))
         self._ids: tuple[Tensor, Tensor] | None = None  # never_generate and eos_ids on the device
 
+    def _device_ids(self, device) -> tuple[Tensor, Tensor]:
+        """``never_generate`` and ``eos_ids`` as tensors on ``device``, made once (a copy to the device can sync)."""
+        if self._ids is None or self._ids[0].device != torch.device(device):
+            self._ids = (torch.tensor(self.never_generate, device=device), torch.tensor(self.eos_ids, device=device))
+        return self._ids
+
     def next_tokens(self, logits: Tensor, tokens: Tensor, positions: Tensor) -> Tensor:
         """Each row's next token (B,) from its step's ``logits`` (B, vocab), the ``tokens`` just fed and
         how many ``positions`` each row has generated before this step."""
         logits = logits.float()
-        if self._ids is None or self._ids[0].device != logits.device:  # made once: a copy to the device can sync
-            self._ids = (torch.tensor(self.never_generate, device=logits.device),
-                         torch.tensor(self.eos_ids, device=logits.device))
-        never, eos = self._ids
+        never, eos = self._device_ids(logits.device)
         logits.index_fill_(1, never, float("-inf"))
         if self.config.min_new_tokens:
             too_short = (positions + 1 < self.config.min_new_tokens)[:, None]
@@ -133,8 +136,8 @@ class RefillDecoder:
         tokens = torch.full((rows,), bos_id, dtype=torch.long, device=device)
         # One spare column: a finished row, waiting for the next check, writes padding there or after its end.
         outputs = torch.full((rows, length + 1), pad_id, dtype=torch.long, device=device)
-        eos = torch.tensor(self.eos_ids, device=device)
-        interval = self.config.eos_check_interval or (1 if device.type == "cpu" else 8)
+        _, eos = self._device_ids(device)
+        interval = config.check_interval(device)
         step = 0
         while rows:
             # A finished row steps on (its position held below the cache's end) until the next check.

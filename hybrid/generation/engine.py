@@ -83,8 +83,7 @@ class _Run:
         self.processors = config.logits_processors(self.eos_ids)
         self.stopping = config.stopping()
         self.keep_scores = config.return_dict_in_generate and config.output_scores is not False
-        interval = config.eos_check_interval or (1 if self.device.type == "cpu" else 8)
-        self.eos_check_interval = interval
+        self.eos_check_interval = config.check_interval(self.device)
 
     def _forced_prefix(self, decoder_input_ids: Tensor | None) -> tuple[Tensor, Tensor]:
         """(B, P) decoder ids that start with BOS and are right-padded, and each row's length (B,)."""
