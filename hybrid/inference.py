@@ -46,9 +46,6 @@ from hybrid.training.tokenizer import Seq2SeqTokenizer
 logger = logging.getLogger(__name__)
 
 FORMATS = ("auto", "text", "tsv", "jsonl")
-# Options RefillDecoder may ignore: it reads the end-of-sequence flags every step and strips padding.
-_REFILL_IGNORES = frozenset({"pad_token_id"})
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GenerationConfig)}
 
 
 @dataclass
@@ -73,17 +70,6 @@ class BulkJob:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         GenerationConfig.from_kwargs(**self.generation)  # a bad option fails before any input is read
-
-    def refill_options(self) -> dict[str, Any] | None:
-        """The options for :class:`RefillDecoder`, or None when one of them needs ``generate``."""
-        if not self.refill:
-            return None
-        changed = {key: value for key, value in self.generation.items() if value != _DEFAULTS.get(key)}
-        if set(changed) - RefillDecoder.SUPPORTED - _REFILL_IGNORES:
-            return None
-        options = {key: value for key, value in changed.items() if key in RefillDecoder.SUPPORTED}
-        options.setdefault("max_new_tokens", self.generation.get("max_new_tokens", _DEFAULTS["max_new_tokens"]))
-        return options
 
     def fingerprint(self, **more: Any) -> dict[str, Any]:
         return json.loads(json.dumps({**dataclasses.asdict(self), **more}, sort_keys=True, default=str))
@@ -330,23 +316,20 @@ def decode_shard(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, texts: list[str], 
     sources = [source for source in sources if source.ids]
     if not sources:
         return lines
-    generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
+    options = dict(job.generation)
+    if options.get("do_sample") and seed is not None:
+        options["generator"] = torch.Generator(device).manual_seed(seed)
     batches = bucketed_batches(sources, job.max_tokens, job.window, job.max_batch_size)
-    refill = job.refill_options()
-    if refill is not None:
-        if refill.get("do_sample"):
-            refill["generator"] = generator
+    if job.refill and not RefillDecoder.obstacles(model, **options):
         longest = max(len(source.ids) for source in sources)  # refill pads every slot to the longest source
         slots = max(1, min(job.max_batch_size, job.max_tokens // longest, len(sources)))
-        for index, ids in RefillDecoder(model, slots, **refill).run(batches):
+        for index, ids in RefillDecoder(model, slots, **options).run(batches):
             lines[index] = tokenizer.decode(ids)
             if on_done:
                 on_done(1, len(ids))
         return lines
-    options = dict(job.generation)
-    if options.get("do_sample"):
-        options["generator"] = generator
     pad_id = model.config.pad_id
+    padding = pad_id if options.get("pad_token_id") is None else options["pad_token_id"]  # after each EOS
     for batch in batches:
         src_ids = pad_sources(batch, pad_id, device)
         generated = model.generate(src_ids, src_ids.ne(pad_id), **options)
@@ -354,7 +337,7 @@ def decode_shard(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, texts: list[str], 
         for row, source in enumerate(batch):
             lines[source.index] = "\t".join(texts_out[row * copies:(row + 1) * copies])
         if on_done:
-            on_done(len(batch), int(generated.ne(pad_id).sum()))
+            on_done(len(batch), int(generated.ne(padding).sum()))
     return lines
 
 

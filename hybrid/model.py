@@ -151,20 +151,21 @@ class Seq2Seq(nn.Module):
     # ----- step-wise decoding --------------------------------------------------------
 
     @torch.inference_mode()
-    def start(self, src_ids: Tensor, src_mask: Tensor | None = None, max_new_tokens: int = 256) -> DecodeState:
-        """Encode the source and preallocate the decoding state for ``max_new_tokens`` steps.
+    def start(self, src_ids: Tensor, src_mask: Tensor | None = None, max_steps: int = 256) -> DecodeState:
+        """Encode the source and preallocate the decoding state for ``max_steps`` steps.
 
-        The cross-attention keys/values are projected here, once per source. Feed the
-        BOS token to the first :meth:`step`.
+        ``max_steps`` is the most tokens the state will be fed: the new tokens to generate plus
+        any forced prefix. The cross-attention keys/values are projected here, once per source.
+        Feed the BOS token to the first :meth:`step`.
         """
-        check_length("max_new_tokens", max_new_tokens, self.config.max_positions, "max_positions")
+        check_length("max_steps", max_steps, self.config.max_positions, "max_positions")
         memory, key_mask = self.encode(src_ids, src_mask)
         batch, dtype = memory.shape[0], memory.dtype
         projected = [layer.cross.project_memory(memory) for layer in self.decoder_layers]
         keys, values = [k for k, _ in projected], [v for _, v in projected]
-        mixer_states = [layer.mixer.allocate_state(batch, max_new_tokens, memory.device, dtype)
+        mixer_states = [layer.mixer.allocate_state(batch, max_steps, memory.device, dtype)
                         for layer in self.decoder_layers]
-        return DecodeState(mixer_states, keys, values, key_mask, max_new_tokens)
+        return DecodeState(mixer_states, keys, values, key_mask, max_steps)
 
     @torch.inference_mode()
     def step(self, token_ids: Tensor, state: DecodeState) -> Tensor:
@@ -183,15 +184,20 @@ class Seq2Seq(nn.Module):
     def step_unchecked(self, token_ids: Tensor, state: DecodeState, position: Tensor | None = None) -> Tensor:
         """:meth:`step` without reading ``token_ids`` on the host (the hot path).
 
-        ``position``, a 0-d device tensor, replaces the state's host-side counter; CUDA-graph
-        decoding (:mod:`hybrid.generation.cuda_graph`) passes it so that replays advance.
+        ``position``, a device tensor, replaces the state's host-side counter: 0-d for every row
+        (CUDA-graph decoding, :mod:`hybrid.generation.cuda_graph`, passes one so that replays
+        advance) or (B,) for one position per row (continuous refill); see
+        :data:`hybrid.mixers.base.Position`.
         """
         if position is None:
-            if state.position >= state.max_length:
-                raise ValueError(f"the decoding state is full: it was started with max_new_tokens="
-                                 f"{state.max_length}; start a new one with a larger max_new_tokens")
+            if state.position >= state.max_steps:
+                raise ValueError(f"the decoding state is full: it was started with max_steps="
+                                 f"{state.max_steps}; start a new one with a larger max_steps")
             position = state.position
             state.position += 1
+        elif position.dim() > 1 or (position.dim() == 1 and position.shape[0] != token_ids.shape[0]):
+            raise ValueError(f"position must be a 0-d tensor or hold one position per row ({token_ids.shape[0]}), "
+                             f"got shape {tuple(position.shape)}")
         x = self.embed(token_ids)  # (B, D)
         for index, layer in enumerate(self.decoder_layers):
             x = layer.step(x, index, state, position)

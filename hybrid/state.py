@@ -22,12 +22,12 @@ class DecodeState:
     """
 
     def __init__(self, mixer_states: list[MixerState], cross_keys: list[Tensor], cross_values: list[Tensor],
-                 memory_mask: Tensor, max_length: int) -> None:
+                 memory_mask: Tensor, max_steps: int) -> None:
         self.mixer_states = mixer_states
         self.cross_keys = cross_keys  # per layer: (B, nh, S, hd)
         self.cross_values = cross_values  # per layer: (B, nh, S, hd)
         self.memory_mask = memory_mask  # (B, 1, 1, S) bool, True on real source tokens
-        self.max_length = max_length
+        self.max_steps = max_steps  # the most tokens it can be fed: forced prefix plus new tokens
         self.group_size = 1  # rows per source
         self.position = 0
 
@@ -124,7 +124,7 @@ class DecodeState:
     def __repr__(self) -> str:
         kinds = ", ".join(type(s).__name__ for s in self.mixer_states)
         return (f"DecodeState(batch_size={self.batch_size}, group_size={self.group_size}, position={self.position}, "
-                f"max_length={self.max_length}, layers=[{kinds}], nbytes={self.nbytes})")
+                f"max_steps={self.max_steps}, layers=[{kinds}], nbytes={self.nbytes})")
 
 
 def _fit(tensor: Tensor, length: int, dim: int) -> Tensor:

@@ -16,6 +16,7 @@ import torch
 from conftest import tiny_model
 
 from hybrid import inference
+from hybrid.generation.bulk import RefillDecoder
 from hybrid.inference import BulkJob, ShardStore, read_sources, run_bulk
 from hybrid.training import Seq2SeqTokenizer
 
@@ -103,6 +104,25 @@ def test_output_is_in_input_order_and_as_if_each_source_were_alone(loaded, tmp_p
     expected = [decode_alone(model, tokenizer, text, **options) for text in sources]
     assert (tmp_path / "out.txt").read_text().split("\n")[:-1] == expected
     assert not (tmp_path / "out.txt.parts").exists()  # merged, then cleaned up
+
+
+def test_pad_token_id_is_never_generated_by_the_refilled_command_line(exported, loaded, tmp_path):
+    # The id the model emits most often becomes the padding: `hybrid generate` (refill on, the default)
+    # must then ban it exactly as generate(pad_token_id=K) does, and the outputs must change.
+    model, tokenizer = loaded
+    sources = words(23, seed=9)
+    generated = [model.generate(torch.tensor([tokenizer.encode_source(text)]), **GREEDY)[0]
+                 for text in sources if text]
+    counts = torch.bincount(torch.cat(generated), minlength=model.config.vocab_size)
+    counts[[model.config.pad_id, model.config.bos_id, model.config.eos_id]] = 0
+    pad = int(counts.argmax())
+    assert not RefillDecoder.obstacles(model, **GREEDY, pad_token_id=pad)  # the job really refills
+    (tmp_path / "in.txt").write_text("\n".join(sources) + "\n")
+    hybrid(f"ckpt_path={exported}", "input=in.txt", "output=out.txt", "max_new_tokens=12", f"pad_token_id={pad}",
+           "progress=false", cwd=tmp_path)
+    lines = (tmp_path / "out.txt").read_text().split("\n")[:-1]
+    assert lines == [decode_alone(model, tokenizer, text, **GREEDY, pad_token_id=pad) for text in sources]
+    assert lines != [decode_alone(model, tokenizer, text, **GREEDY) for text in sources]
 
 
 def test_a_rerun_skips_finished_shards_and_writes_the_same_bytes(loaded, tmp_path, monkeypatch):

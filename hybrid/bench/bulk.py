@@ -85,7 +85,7 @@ def plain_loop(model: Seq2Seq, src_ids, chooser: RefillDecoder):
     chooses them (``chooser.next_tokens``), so the modes differ only in how rows are scheduled."""
     config, max_new_tokens = model.config, chooser.config.max_new_tokens
     rows = src_ids.shape[0]
-    state = model.start(src_ids, src_ids.ne(config.pad_id), max_new_tokens=max_new_tokens)
+    state = model.start(src_ids, src_ids.ne(config.pad_id), max_steps=max_new_tokens)
     tokens = torch.full((rows,), config.bos_id, dtype=torch.long, device=src_ids.device)
     finished = torch.zeros(rows, dtype=torch.bool, device=src_ids.device)
     eos = torch.tensor(chooser.eos_ids, device=src_ids.device)
@@ -209,7 +209,7 @@ def step_cost_by_rows(name: str, decoder: str, model: Seq2Seq, sources: list[Sou
         src = pad_sources(sources[:rows], config.pad_id, device)
         per_step = []
         for repeat in range(cost["repeats"] + 1):  # the first is a warm-up
-            state = model.start(src, src.ne(config.pad_id), max_new_tokens=cost["steps"])
+            state = model.start(src, src.ne(config.pad_id), max_steps=cost["steps"])
             tokens = torch.full((src.shape[0],), config.bos_id, dtype=torch.long, device=device)
             _synchronize(device)
             begin = time.perf_counter()

@@ -61,10 +61,10 @@ def ours(name: str, model: Seq2Seq, use_cache: bool = True, max_new_tokens: int 
 
     def state_bytes(batch: int, source_length: int, new_tokens: int) -> int:
         src = torch.full((batch, source_length), 3, device=next(model.parameters()).device)
-        return model.start(src, max_new_tokens=new_tokens).nbytes
+        return model.start(src, max_steps=new_tokens).nbytes
 
     def prefill(src: Tensor):
-        return model.start(src, max_new_tokens=1)
+        return model.start(src, max_steps=1)
 
     return Contender(name, model.num_parameters(), prefill, generate, state_bytes, max_new_tokens, model)
 
@@ -76,7 +76,9 @@ def cuda_graphed(contender: Contender) -> Contender:
     model = contender.model
 
     def generate(src: Tensor, new_tokens: int) -> Tensor:
-        return generate_with_cuda_graph(model, src, max_new_tokens=new_tokens)
+        # Exactly `new_tokens` each, like every contender; no row ends early, so nothing need be checked.
+        return generate_with_cuda_graph(model, src, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                        eos_check_interval=new_tokens)
 
     return dataclasses.replace(contender, name=contender.name + "+cuda-graph", generate=generate)
 

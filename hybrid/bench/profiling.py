@@ -51,7 +51,7 @@ def profile_decoding(model, src: torch.Tensor, position: int, steps: int = 32) -
     at that point of a real decode.
     """
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if src.is_cuda else [])
-    state = model.start(src, max_new_tokens=position + steps)
+    state = model.start(src, max_steps=position + steps)
     tokens = torch.full((src.shape[0],), model.config.bos_id, dtype=torch.long, device=src.device)
     with torch.inference_mode():
         for _ in range(position):

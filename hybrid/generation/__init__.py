@@ -1,6 +1,7 @@
 """Generation: greedy, sampling and beam search over any decoding state, with transformers' option names."""
 
 from hybrid.generation.config import GenerationConfig
+from hybrid.generation.cuda_graph import generate_with_cuda_graph
 from hybrid.generation.engine import GenerateOutput, generate
 from hybrid.generation.processors import (
     LogitsProcessorList,
@@ -14,11 +15,12 @@ from hybrid.generation.processors import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+from hybrid.generation.rules import DecodingRules
 from hybrid.generation.stopping import EosTokenCriteria, MaxNewTokensCriteria, StoppingCriteriaList
 from hybrid.generation.streamers import BaseStreamer, TokenIteratorStreamer, TokenStreamer
 
 __all__ = [
-    "generate", "GenerationConfig", "GenerateOutput",
+    "generate", "generate_with_cuda_graph", "GenerationConfig", "GenerateOutput", "DecodingRules",
     "LogitsProcessorList", "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
     "RepetitionPenaltyLogitsProcessor", "NoRepeatNGramLogitsProcessor", "NoBadWordsLogitsProcessor",
     "MinNewTokensLengthLogitsProcessor", "SuppressTokensLogitsProcessor",

@@ -18,10 +18,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from hybrid.generation.config import GenerationConfig
+from hybrid.generation.rules import DecodingRules
 
 
 @dataclass
@@ -67,53 +67,49 @@ def pad_sources(batch: list[Source], pad_id: int, device) -> Tensor:
 class RefillDecoder:
     """Greedy or sampled decoding over ``slots`` rows that are refilled as sequences finish.
 
-    Supported options: ``max_new_tokens``, ``min_new_tokens``, ``eos_token_id``, ``do_sample``
-    with ``temperature``/``top_k``/``top_p``/``min_p``, ``generator`` and ``eos_check_interval``.
-    Options whose processors read each row's history (penalties, n-gram and word bans, custom
-    processors), beam search and forced prefixes need rows that advance together: use
-    bucketed batches through ``generate`` for those. Knowing which slots to refill reads the
-    end-of-sequence flags on the host, every ``eos_check_interval`` steps (as in ``generate``:
-    by default every step on a CPU, where the read is free, and every 8 on a GPU, where it
-    stalls the queue of kernels); rows that finish in between wait for the check.
+    It takes :func:`hybrid.generation.generate`'s options and applies them through the same
+    :class:`~hybrid.generation.rules.DecodingRules`. Rows sit at different positions, so only the
+    rules that declare ``supports_continuous_batching`` can run here: the minimum length, EOS
+    ids, ``pad_token_id``, the sampling warpers, one-token bad words, and any processor or
+    stopping criterion that reads no more than the newest token (it is given that column as
+    ``input_ids``). Rules that read a row's history (penalties, n-gram bans, forced prefixes),
+    beam search and several sequences per source are refused, naming them;
+    :meth:`obstacles` tells a caller beforehand, so it can decode those through ``generate``.
+    Knowing which slots to refill reads the end-of-sequence flags on the host, every
+    ``eos_check_interval`` steps (as in ``generate``: by default every step on a CPU, where the
+    read is free, and every 8 on a GPU, where it stalls the queue of kernels); rows that finish
+    in between wait for the check.
     """
 
-    SUPPORTED = {"max_new_tokens", "min_new_tokens", "eos_token_id", "do_sample", "temperature", "top_k",
-                 "top_p", "min_p", "generator", "eos_check_interval"}
-
     def __init__(self, model, slots: int, **options) -> None:
-        unsupported = sorted(set(options) - self.SUPPORTED)
-        if unsupported:
-            raise ValueError(f"continuous refill does not support {unsupported}; supported: "
-                             f"{sorted(self.SUPPORTED)} (decode without refill for the others)")
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.model, self.slots = model, slots
         self.config = GenerationConfig.from_kwargs(**options)
-        model_config = model.config
-        self.eos_ids = self.config.eos_ids(model_config)
-        self.warpers = self.config.logits_processors(self.eos_ids)
-        self.never_generate = sorted({model_config.pad_id, model_config.bos_id} - set(self.eos_ids))
-        self._ids: tuple[Tensor, Tensor] | None = None  # never_generate and eos_ids on the device
+        self.rules = DecodingRules(self.config, model.config)
+        obstacles = _obstacles(self.config, self.rules)
+        if obstacles:
+            raise ValueError(f"continuous refill cannot honour {obstacles}: decode these options with "
+                             "generate() (hybrid generate does so by itself when refill cannot)")
 
-    def _device_ids(self, device) -> tuple[Tensor, Tensor]:
-        """``never_generate`` and ``eos_ids`` as tensors on ``device``, made once (a copy to the device can sync)."""
-        if self._ids is None or self._ids[0].device != torch.device(device):
-            self._ids = (torch.tensor(self.never_generate, device=device), torch.tensor(self.eos_ids, device=device))
-        return self._ids
+    @staticmethod
+    def obstacles(model, **options) -> list[str]:
+        """What of ``generate``'s ``options`` refill cannot do for ``model``, by name; empty when it can."""
+        config = GenerationConfig.from_kwargs(**options)
+        return _obstacles(config, DecodingRules(config, model.config))
+
+    @property
+    def eos_ids(self) -> list[int]:
+        return self.rules.eos_ids
+
+    def next_scores(self, logits: Tensor, tokens: Tensor, positions: Tensor) -> Tensor:
+        """The processed scores (B, vocab) of a step's ``logits``, given the ``tokens`` just fed (the only
+        column of ``input_ids`` the rules see) and how many ``positions`` each row has generated."""
+        return self.rules.process(tokens[:, None], logits.float(), positions)
 
     def next_tokens(self, logits: Tensor, tokens: Tensor, positions: Tensor) -> Tensor:
-        """Each row's next token (B,) from its step's ``logits`` (B, vocab), the ``tokens`` just fed and
-        how many ``positions`` each row has generated before this step."""
-        logits = logits.float()
-        never, eos = self._device_ids(logits.device)
-        logits.index_fill_(1, never, float("-inf"))
-        if self.config.min_new_tokens:
-            too_short = (positions + 1 < self.config.min_new_tokens)[:, None]
-            logits[:, eos] = logits[:, eos].masked_fill(too_short, float("-inf"))
-        if not self.config.do_sample:
-            return logits.argmax(dim=-1)
-        scores = self.warpers(tokens[:, None], logits)  # the warpers read scores only
-        return torch.multinomial(F.softmax(scores, dim=-1), 1, generator=self.config.generator).squeeze(1)
+        """Each row's next token (B,), chosen from :meth:`next_scores`."""
+        return self.rules.choose(self.next_scores(logits, tokens, positions))
 
     @torch.inference_mode()
     def run(self, batches: Iterable[list[Source]]) -> Iterator[tuple[int, list[int]]]:
@@ -127,7 +123,7 @@ class RefillDecoder:
         sources = list(itertools.islice(incoming.sources, self.slots))
         if not sources:
             return
-        state = model.start(pad_sources(sources, pad_id, device), max_new_tokens=length)
+        state = model.start(pad_sources(sources, pad_id, device), max_steps=length)
         owners = [source.index for source in sources]  # which input each slot decodes
         source_lengths = [len(source.ids) for source in sources]  # on the host: how long the memory must be
         rows = len(sources)
@@ -136,16 +132,19 @@ class RefillDecoder:
         tokens = torch.full((rows,), bos_id, dtype=torch.long, device=device)
         # One spare column: a finished row, waiting for the next check, writes padding there or after its end.
         outputs = torch.full((rows, length + 1), pad_id, dtype=torch.long, device=device)
-        _, eos = self._device_ids(device)
         interval = config.check_interval(device)
         step = 0
         while rows:
             # A finished row steps on (its position held below the cache's end) until the next check.
             logits = model.step_unchecked(tokens, state, positions.clamp(max=length - 1))
-            tokens = self.next_tokens(logits, tokens, positions).masked_fill(finished, pad_id)
+            scores = self.next_scores(logits, tokens, positions)
+            tokens = self.rules.choose(scores).masked_fill(finished, pad_id)
             outputs.scatter_(1, positions[:, None], tokens[:, None])
             positions += ~finished
-            finished |= torch.isin(tokens, eos) | (positions >= length)
+            ended = self.rules.ends(tokens, positions)
+            if self.rules.stopping:
+                ended |= self.rules.stops(tokens[:, None], scores)
+            finished |= ended
             step += 1
             if step % interval:
                 continue
@@ -180,6 +179,17 @@ class RefillDecoder:
                     state.trim_source(max(source_lengths))
 
 
+def _obstacles(config: GenerationConfig, rules: DecodingRules) -> list[str]:
+    """The decoding rules that say they cannot run on rows at different positions, and what only
+    ``generate``'s strategies do."""
+    strategy = {"num_beams > 1 (beam search)": config.num_beams > 1,
+                "num_return_sequences > 1": config.num_return_sequences > 1,
+                "streamer": config.streamer is not None,
+                "return_dict_in_generate": config.return_dict_in_generate,
+                "use_cache=False": not config.use_cache}
+    return [name for name, present in strategy.items() if present] + rules.continuous_batching_obstacles()
+
+
 class _EncodedSources:
     """The refill queue: sources encoded ``block`` at a time, handed out a few at a time.
 
@@ -200,7 +210,7 @@ class _EncodedSources:
             if not self.encoded:
                 return None
             self.fresh = self.model.start(pad_sources(self.encoded, self.model.config.pad_id, self.device),
-                                          max_new_tokens=1)
+                                          max_steps=1)
         first, self.used = self.used, min(len(self.encoded), self.used + count)
         rows = torch.arange(first, self.used, device=self.device)
         return self.encoded[first:self.used], self.fresh, rows

@@ -10,17 +10,10 @@ from typing import Any
 
 import torch
 
-from hybrid.generation.processors import (
-    LogitsProcessorList,
-    MinPLogitsWarper,
-    NoBadWordsLogitsProcessor,
-    NoRepeatNGramLogitsProcessor,
-    RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
-from hybrid.generation.stopping import StoppingCriteriaList
+
+def _python_only(default: Any) -> Any:
+    """A field that holds a Python object or shapes the return value: no command line can set it."""
+    return dataclasses.field(default=default, metadata={"python_only": True})
 
 
 @dataclass
@@ -28,7 +21,9 @@ class GenerationConfig:
     """The options of :func:`hybrid.generation.generate`; names and meanings follow transformers.
 
     Differences worth knowing: ``max_new_tokens`` defaults to 256; padding and BOS are
-    never generated; ``eos_token_id`` and ``pad_token_id`` default to the model's ids.
+    never generated (as if ``suppress_tokens=[pad_token_id, bos_token_id]`` were given);
+    ``eos_token_id`` and ``pad_token_id`` default to the model's ids. How each rule is
+    applied is written once, in :mod:`hybrid.generation.rules`.
     ``return_dict`` is accepted as a short name for ``return_dict_in_generate``.
     """
 
@@ -48,15 +43,20 @@ class GenerationConfig:
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
     bad_words_ids: Sequence[Sequence[int]] | None = None
-    decoder_input_ids: torch.Tensor | None = None
-    logits_processor: Sequence[Callable] | None = None
-    stopping_criteria: Sequence[Callable] | None = None
-    streamer: Any = None
-    return_dict_in_generate: bool = False
-    output_scores: bool | None = None  # None: include scores whenever a dict is returned
-    generator: torch.Generator | None = None
+    decoder_input_ids: torch.Tensor | None = _python_only(None)
+    logits_processor: Sequence[Callable] | None = _python_only(None)
+    stopping_criteria: Sequence[Callable] | None = _python_only(None)
+    streamer: Any = _python_only(None)
+    return_dict_in_generate: bool = _python_only(False)
+    output_scores: bool | None = _python_only(None)  # None: include scores whenever a dict is returned
+    generator: torch.Generator | None = _python_only(None)
     use_cache: bool = True
     eos_check_interval: int | None = None
+
+    @classmethod
+    def command_line_options(cls) -> frozenset[str]:
+        """The options a command line can set: every field that holds plain data."""
+        return frozenset(f.name for f in dataclasses.fields(cls) if not f.metadata.get("python_only"))
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> GenerationConfig:
@@ -130,34 +130,14 @@ class GenerationConfig:
         if self.eos_token_id is None:
             return [model_config.eos_id]
         ids = [self.eos_token_id] if isinstance(self.eos_token_id, int) else list(self.eos_token_id)
-        if not ids or not all(isinstance(i, int) and 0 <= i < model_config.vocab_size for i in ids):
+        if not ids or not all(_is_id(i) and i < model_config.vocab_size for i in ids):
             raise ValueError(f"eos_token_id must be an id or a non-empty list of ids in "
                              f"[0, vocab_size={model_config.vocab_size}), got {self.eos_token_id!r}")
         return ids
 
-    def logits_processors(self, eos_ids: list[int]) -> LogitsProcessorList:
-        """Penalties and bans, then the user's processors, then (when sampling) the warpers, as in transformers."""
-        processors = LogitsProcessorList()
-        if self.repetition_penalty != 1.0:
-            processors.append(RepetitionPenaltyLogitsProcessor(self.repetition_penalty))
-        if self.no_repeat_ngram_size > 0:
-            processors.append(NoRepeatNGramLogitsProcessor(self.no_repeat_ngram_size))
-        if self.bad_words_ids:
-            processors.append(NoBadWordsLogitsProcessor([list(w) for w in self.bad_words_ids], eos_ids))
-        processors.extend(self.logits_processor or [])
-        if self.do_sample:
-            if self.temperature != 1.0:
-                processors.append(TemperatureLogitsWarper(self.temperature))
-            if self.top_k:
-                processors.append(TopKLogitsWarper(self.top_k))
-            if self.top_p < 1.0:
-                processors.append(TopPLogitsWarper(self.top_p))
-            if self.min_p:
-                processors.append(MinPLogitsWarper(self.min_p))
-        return processors
 
-    def stopping(self) -> StoppingCriteriaList:
-        return StoppingCriteriaList(self.stopping_criteria or [])
+def _is_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _is_number(value: object) -> bool:

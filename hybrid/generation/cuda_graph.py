@@ -1,11 +1,12 @@
-"""Greedy decoding with one decode step captured in a CUDA graph and replayed per token.
+"""Decoding with one step captured in a CUDA graph and replayed per token.
 
 A step launches dozens of small kernels; at small batch on a GPU their launch overhead,
 not the arithmetic, sets the speed. Because every mixer's state is preallocated and
 updated in place, and the attention mixer has a shape-static step (the position lives
 on the device), one step can be captured once and replayed with new input tokens, like
-mamba's CUDA-graph decoding. The batch is fixed for the whole decode, so finished rows
-are not dropped: this is the fixed-length path the benchmark times.
+mamba's CUDA-graph decoding. The captured batch is fixed, so finished rows are not
+dropped: they step on, fed padding, until every row is done. Everything else is
+``generate``'s own code, the same strategy over the same :mod:`hybrid.generation.rules`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hybrid.inputs import check_length, check_token_ids, source_mask
+from hybrid.generation.config import GenerationConfig
+from hybrid.generation.engine import GenerateOutput, decode
+from hybrid.generation.sessions import StaticSession
 
 
 class CUDAGraphStep:
@@ -38,10 +41,9 @@ class CUDAGraphStep:
         self.reset()
 
     def reset(self) -> None:
-        """Forget what warm-up and capture wrote: zero every mixer state and rewind the position."""
+        """Forget what warm-up and capture wrote: every mixer state back to its start, position 0."""
         for mixer_state in self.state.mixer_states:
-            for tensor in mixer_state.tensors():
-                tensor.zero_()
+            mixer_state.reset()
         self.position.zero_()
 
     def __call__(self, tokens: Tensor) -> Tensor:
@@ -51,24 +53,35 @@ class CUDAGraphStep:
         return self.logits  # (B, vocab), overwritten by the next replay
 
 
+class CUDAGraphSession(StaticSession):
+    """A :class:`StaticSession` whose step is captured on its first call (after any ``expand``) and
+    replayed from then on."""
+
+    def __init__(self, model, src_ids: Tensor, src_mask: Tensor | None, max_steps: int) -> None:
+        if src_ids.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device; src_ids is on {src_ids.device}")
+        super().__init__(model, src_ids, src_mask, max_steps)
+        self.graph_step: CUDAGraphStep | None = None
+
+    def step(self, tokens: Tensor) -> Tensor:
+        if self.graph_step is None:
+            self.graph_step = CUDAGraphStep(self.model, self.state)
+        return self.graph_step(tokens)
+
+
 @torch.inference_mode()
 def generate_with_cuda_graph(model, src_ids: Tensor, src_mask: Tensor | None = None,
-                             max_new_tokens: int = 256) -> Tensor:
-    """Greedy decoding of exactly ``max_new_tokens`` tokens through a captured step.
+                             **options) -> Tensor | GenerateOutput:
+    """:func:`hybrid.generation.generate` (greedy or sampling, any processor) through a captured step.
 
-    EOS is not special (every row decodes the full length, as in the benchmark); padding
-    and BOS are never generated, as in :func:`hybrid.generation.generate`.
+    Beam search is refused: it reorders the rows of the state every step, which the captured
+    graph's fixed buffers do not allow. The batch never shrinks, so this pays off where launches,
+    not rows, set the cost: small batches on a GPU.
     """
-    config = model.config
-    src_ids = check_token_ids("src_ids", src_ids, config.vocab_size, ndim=2)
-    src_mask = source_mask(src_ids, src_mask, config.pad_id)
-    check_length("max_new_tokens", max_new_tokens, config.max_positions, "max_positions")
-    state = model.start(src_ids, src_mask, max_new_tokens=max_new_tokens)
-    step = CUDAGraphStep(model, state)
-    tokens = torch.full((src_ids.shape[0],), config.bos_id, dtype=torch.long, device=src_ids.device)
-    output = torch.empty(src_ids.shape[0], max_new_tokens, dtype=torch.long, device=src_ids.device)
-    never_generate = torch.tensor(sorted({config.pad_id, config.bos_id} - {config.eos_id}), device=src_ids.device)
-    for position in range(max_new_tokens):
-        tokens = step(tokens).index_fill(1, never_generate, float("-inf")).argmax(dim=-1)
-        output[:, position] = tokens
-    return output
+    config = GenerationConfig.from_kwargs(**options)
+    if config.num_beams > 1:
+        raise ValueError("CUDA-graph decoding does not support beam search (num_beams > 1): it reorders the "
+                         "state's rows every step; use generate()")
+    if not config.use_cache:
+        raise ValueError("CUDA-graph decoding steps the cached state; use_cache=False is the uncached loop")
+    return decode(model, src_ids, src_mask, config, CUDAGraphSession)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hybrid.generation.config import GenerationConfig
+from hybrid.generation.rules import DecodingRules
 from hybrid.generation.sessions import CachedSession, UncachedSession
 from hybrid.inputs import check_length, check_token_ids, source_mask
 
@@ -47,11 +48,17 @@ def generate(model, src_ids: Tensor, src_mask: Tensor | None = None, **options) 
     Every option is checked before any compute. Padding and BOS are never generated.
     """
     config = GenerationConfig.from_kwargs(**options)
+    return decode(model, src_ids, src_mask, config, CachedSession if config.use_cache else UncachedSession)
+
+
+def decode(model, src_ids: Tensor, src_mask: Tensor | None, config: GenerationConfig,
+           session_class: type) -> Tensor | GenerateOutput:
+    """:func:`generate` over sessions of ``session_class``, made as ``session_class(model, src_ids,
+    src_mask, max_steps)``; the CUDA-graph loop passes its own, whose batch never shrinks."""
     model_config = model.config
     src_ids = check_token_ids("src_ids", src_ids, model_config.vocab_size, ndim=2)
     src_mask = source_mask(src_ids, src_mask, model_config.pad_id)
     run = _Run(model, config, src_ids)
-    session_class = CachedSession if config.use_cache else UncachedSession
     session = session_class(model, src_ids, src_mask, run.total_steps)
     search = _beam_search if config.num_beams > 1 else _sample
     output = search(run, session)
@@ -69,66 +76,34 @@ class _Run:
         self.device = src_ids.device
         self.sources = src_ids.shape[0]
         self.vocab_size = model_config.vocab_size
-        self.bos_id = model_config.bos_id
-        self.pad_id = model_config.pad_id if config.pad_token_id is None else config.pad_token_id
-        self.eos_ids = config.eos_ids(model_config)
-        self.eos_tensor = torch.tensor(self.eos_ids, device=self.device)
-        self.never_generate = torch.tensor(
-            sorted({model_config.pad_id, self.pad_id, model_config.bos_id} - set(self.eos_ids)), device=self.device)
-        self.prefix, self.prefix_lengths = self._forced_prefix(config.decoder_input_ids)
+        self.rules = DecodingRules(config, model_config)
+        self.bos_id, self.pad_id = self.rules.bos_id, self.rules.pad_id
+        self.prefix, self.prefix_lengths, self.first_free_step = self.rules.forced_prefix(self.sources, self.device)
         forced = self.prefix.shape[1] - 1
         check_length("max_new_tokens", config.max_new_tokens, model_config.max_positions - forced,
                      "max_positions" if forced == 0 else f"max_positions - forced prefix length {forced}")
         self.total_steps = forced + config.max_new_tokens
-        self.processors = config.logits_processors(self.eos_ids)
-        self.stopping = config.stopping()
         self.keep_scores = config.return_dict_in_generate and config.output_scores is not False
         self.eos_check_interval = config.check_interval(self.device)
 
-    def _forced_prefix(self, decoder_input_ids: Tensor | None) -> tuple[Tensor, Tensor]:
-        """(B, P) decoder ids that start with BOS and are right-padded, and each row's length (B,)."""
-        bos = torch.full((self.sources, 1), self.bos_id, dtype=torch.long, device=self.device)
-        if decoder_input_ids is None:
-            return bos, torch.ones(self.sources, dtype=torch.long, device=self.device)
-        ids = check_token_ids("decoder_input_ids", decoder_input_ids, self.vocab_size, ndim=2).to(self.device)
-        if ids.shape[0] != self.sources:
-            raise ValueError(f"decoder_input_ids has {ids.shape[0]} rows but src_ids has {self.sources}")
-        if not bool((ids[:, 0] == self.bos_id).all()):
-            ids = torch.cat([bos, ids], dim=1)  # as in transformers, the decoder start token is prepended
-        is_token = ids != self.pad_id
-        lengths = is_token.sum(dim=1)
-        if bool((is_token.cumsum(dim=1) != torch.arange(1, ids.shape[1] + 1, device=self.device).clamp(
-                max=lengths[:, None])).any()):
-            raise ValueError("decoder_input_ids must be right-padded with pad_token_id (no padding inside a prefix)")
-        return ids, lengths
+    def next_scores(self, scores: Tensor, sequences: Tensor, step: int, prefix: Tensor,
+                    prefix_lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The processed scores for column ``step + 1`` (rows, vocab), which rows were forced, and how many
+        tokens each row has generated before it. A step where every row is forced skips the processors."""
+        generated = step + 1 - prefix_lengths  # (rows,)
+        if step >= self.first_free_step:
+            scores = self.rules.process(sequences[:, :step + 1], scores, generated)
+        scores, forced = self.rules.force(scores, prefix, prefix_lengths, step)
+        return scores, forced, generated
 
-    def scores_for_step(self, logits: Tensor, step: int, prefix_lengths: Tensor) -> Tensor:
-        """Processed next-token scores (rows, vocab) for choosing column ``step + 1``."""
-        scores = logits.float().index_fill_(1, self.never_generate, float("-inf"))
-        generated = step + 1 - prefix_lengths  # tokens after the forced prefix so far, per row
-        if self.config.min_new_tokens > 0:
-            too_short = (generated < self.config.min_new_tokens)[:, None]
-            scores[:, self.eos_tensor] = scores[:, self.eos_tensor].masked_fill(too_short, float("-inf"))
-        return scores
-
-    def force_prefix(self, scores: Tensor, prefix: Tensor, prefix_lengths: Tensor, step: int) -> tuple[Tensor, Tensor]:
-        """Rows still inside their forced prefix may only take the forced token (score 0, log-prob 0)."""
-        column = step + 1
-        forced = column < prefix_lengths  # (rows,)
-        if column >= prefix.shape[1]:
-            return scores, forced
-        forced_tokens = prefix[:, column]
-        one_hot = torch.full_like(scores, float("-inf")).scatter_(1, forced_tokens[:, None], 0.0)
-        return torch.where(forced[:, None], one_hot, scores), forced
-
-    def reached_max(self, step: int, prefix_lengths: Tensor) -> Tensor:
-        """Rows whose column ``step + 1`` is their last allowed token."""
-        return step + 1 - prefix_lengths + 1 >= self.config.max_new_tokens
+    def is_check_step(self, step: int) -> bool:
+        """Whether the host reads the end-of-sequence flags after ``step``."""
+        return (step + 1) % self.eos_check_interval == 0 or step + 1 == self.total_steps
 
 
 def _sample(run: _Run, session) -> GenerateOutput:
     """Greedy decoding or multinomial sampling, ``num_return_sequences`` rows per source."""
-    config, device = run.config, run.device
+    config, rules, device = run.config, run.rules, run.device
     copies = config.num_return_sequences
     if copies > 1:
         session.expand(copies)
@@ -148,15 +123,9 @@ def _sample(run: _Run, session) -> GenerateOutput:
     last_step = 0
     for step in range(run.total_steps):
         logits = session.step(sequences[:, step])  # (rows, vocab)
-        scores = run.scores_for_step(logits, step, prefix_lengths)
-        scores = run.processors(sequences[:, :step + 1], scores)
-        scores, forced = run.force_prefix(scores, prefix, prefix_lengths, step)
-        if config.do_sample:
-            probabilities = F.softmax(scores, dim=-1)
-            tokens = torch.multinomial(probabilities, 1, generator=config.generator).squeeze(1)
-        else:
-            tokens = scores.argmax(dim=-1)
-        tokens = tokens.masked_fill(finished, run.pad_id)
+        scores, forced, generated = run.next_scores(logits.float(), sequences, step, prefix, prefix_lengths)
+        free = step >= run.first_free_step
+        tokens = (rules.choose(scores) if free else prefix[:, step + 1]).masked_fill(finished, run.pad_id)
         if config.return_dict_in_generate:  # a full-vocabulary log-softmax per step, only when asked for
             token_logprobs = F.log_softmax(scores, dim=-1).gather(1, tokens[:, None]).squeeze(1)
             logprob_sums += token_logprobs.masked_fill(finished | forced, 0.0)
@@ -165,13 +134,19 @@ def _sample(run: _Run, session) -> GenerateOutput:
             step_scores.append(_scatter_rows(scores, rows, rows_total, float("-inf")))
         if config.streamer is not None:
             config.streamer.put(_scatter_rows(tokens, rows, rows_total, run.pad_id))
-        finished |= ~forced & torch.isin(tokens, run.eos_tensor)
-        finished |= run.reached_max(step, prefix_lengths)
-        finished |= run.stopping(sequences[:, :step + 2], scores)
+        ended = rules.ends(tokens, generated + 1)
+        if free and rules.stopping:
+            ended |= rules.stops(sequences[:, :step + 2], scores)
+        finished |= ~forced & ended
         last_step = step
-        if (step + 1) % run.eos_check_interval == 0 or step + 1 == run.total_steps:
+        if run.is_check_step(step):
             # Samples of one source share its memory, so a source leaves when all its samples are done.
-            keep = (~finished.view(-1, copies).all(dim=1)).repeat_interleave(copies).nonzero().squeeze(1)
+            live = ~finished.view(-1, copies).all(dim=1)
+            if session.keeps_every_row:
+                if not bool(live.any()):
+                    break
+                continue
+            keep = live.repeat_interleave(copies).nonzero().squeeze(1)
             if keep.numel() < rows.numel():
                 output.index_copy_(0, rows, sequences)
                 all_logprobs.index_copy_(0, rows, logprob_sums)
@@ -188,17 +163,22 @@ def _sample(run: _Run, session) -> GenerateOutput:
 
 
 def _beam_search(run: _Run, session) -> GenerateOutput:
-    """Beam search, vectorised over sources: no Python loop over sequences in the step.
+    """Beam search as transformers' ``GenerationMixin._beam_search`` does it, vectorised over sources.
 
-    Finished hypotheses go to a per-source pool of the ``num_beams`` best, scored by
-    ``sum_logprobs / length ** length_penalty`` (length counts the tokens after BOS,
-    EOS included), and a source is done by transformers' ``early_stopping`` rules.
+    Each step keeps the best ``max(2, 1 + len(eos_ids)) * num_beams`` candidates of a source. A
+    candidate that ends (EOS, ``max_new_tokens``, or a stopping criterion) and ranks among the top
+    ``num_beams`` joins the source's pool of the ``num_beams`` best finished hypotheses, scored
+    ``sum_logprobs / generated_tokens ** length_penalty``; the best ``num_beams`` that do not end
+    run on. A source stops taking hypotheses by transformers' ``early_stopping`` rules (sticky, as
+    there), and leaves the working batch at the next check. Unlike transformers, which stops the
+    whole batch together, a source also ends when none of its candidates can run on, so every
+    source decodes as it would alone.
     """
-    config, device = run.config, run.device
+    config, rules, device = run.config, run.rules, run.device
     beams, vocab = config.num_beams, run.vocab_size
     session.expand(beams)
     width = run.total_steps + 1
-    candidates = max(2, 1 + len(run.eos_ids)) * beams  # enough that `beams` of them are not EOS
+    candidates = max(2, 1 + len(rules.eos_ids)) * beams  # enough that `beams` of them do not end
     prefix = run.prefix.repeat_interleave(beams, dim=0)
     prefix_lengths = run.prefix_lengths.repeat_interleave(beams)
     sequences = torch.full((run.sources * beams, width), run.pad_id, dtype=torch.long, device=device)
@@ -212,16 +192,16 @@ def _beam_search(run: _Run, session) -> GenerateOutput:
     pool_sequences = torch.full((run.sources, beams, width), run.pad_id, dtype=torch.long, device=device)
     pool_origins = torch.zeros_like(pool_sequences)
     sources = torch.arange(run.sources, device=device)  # original source of each working group
-    done = torch.zeros(run.sources, dtype=torch.bool, device=device)
+    closed = torch.zeros(run.sources, dtype=torch.bool, device=device)  # the pool takes no more hypotheses
     step_scores: list[Tensor] = []
     beam_offsets = torch.arange(beams, device=device)
+    top_ranks = torch.arange(candidates, device=device) < beams
     last_step = 0
     for step in range(run.total_steps):
         groups = sources.numel()
         logits = session.step(sequences[:, step])  # (groups * beams, vocab)
-        logprobs = F.log_softmax(run.scores_for_step(logits, step, prefix_lengths), dim=-1)
-        logprobs = run.processors(sequences[:, :step + 1], logprobs)
-        logprobs, forced = run.force_prefix(logprobs, prefix, prefix_lengths, step)
+        logprobs, forced, generated = run.next_scores(F.log_softmax(logits.float(), dim=-1), sequences, step,
+                                                      prefix, prefix_lengths)
         if run.keep_scores:
             rows = (sources[:, None] * beams + beam_offsets).flatten()
             step_scores.append(_scatter_rows(logprobs, rows, run.sources * beams, float("-inf")))
@@ -229,19 +209,27 @@ def _beam_search(run: _Run, session) -> GenerateOutput:
         top_scores, top_index = totals.topk(candidates, dim=1)  # sorted, best first
         parent, token = top_index // vocab, top_index % vocab  # (groups, candidates)
         parent_rows = parent + (torch.arange(groups, device=device) * beams)[:, None]
-        length = step + 1  # tokens after BOS, the new one included
-        penalty = length ** config.length_penalty
+        # The beams of a source share its prefix, so they share their forced steps and counts.
         group_forced = forced.view(groups, beams)[:, 0]
-        is_eos = torch.isin(token, run.eos_tensor) & ~group_forced[:, None]
+        group_generated = generated.view(groups, beams)[:, 0] + 1  # the new token included
 
-        # Hypotheses that end here: EOS among the best `beams` candidates (transformers' rule).
-        ending = is_eos & (torch.arange(candidates, device=device) < beams) & top_scores.isfinite()
+        ends = rules.ends(token, group_generated[:, None])
+        if step >= run.first_free_step and rules.stopping:
+            candidate_ids = torch.cat([sequences.index_select(0, parent_rows.flatten())[:, :step + 1],
+                                       token.reshape(-1, 1)], dim=1)
+            parent_scores = logprobs.index_select(0, parent_rows.flatten())
+            ends |= rules.stops(candidate_ids, parent_scores).view(groups, candidates)
+        ends &= ~group_forced[:, None]
+
+        # Hypotheses that end here and rank among the best `beams` candidates join the pool.
+        joining = ends & top_ranks & top_scores.isfinite() & ~closed[sources][:, None]
+        penalty = group_generated.to(top_scores.dtype)[:, None] ** config.length_penalty
         _merge_into_pool(pool_scores, pool_sequences, pool_origins, sources,
-                         torch.where(ending, top_scores / penalty, float("-inf"))[:, :beams],
+                         torch.where(joining, top_scores / penalty, float("-inf"))[:, :beams],
                          sequences, origins, parent_rows[:, :beams], token[:, :beams], step, run.pad_id)
 
         # The next beams: the best candidates that do not end.
-        running = torch.where(is_eos, float("-inf"), top_scores).topk(beams, dim=1)
+        running = torch.where(ends, float("-inf"), top_scores).topk(beams, dim=1)
         chosen_rows = parent_rows.gather(1, running.indices).flatten()
         chosen_tokens = token.gather(1, running.indices).flatten()
         beam_scores = running.values
@@ -252,17 +240,11 @@ def _beam_search(run: _Run, session) -> GenerateOutput:
             origins[:, step + 1] = sources.repeat_interleave(beams) * beams + chosen_rows % beams
         session.reorder(chosen_rows)
 
-        # Sources that reach their length limit end with their running beams.
-        at_limit = run.reached_max(step, prefix_lengths.view(groups, beams)[:, 0])
-        stopped = run.stopping(sequences[:, :step + 2], logprobs).view(groups, beams).all(dim=1)
-        final = at_limit | stopped
-        _merge_into_pool(pool_scores, pool_sequences, pool_origins, sources,
-                         torch.where(final[:, None], beam_scores / penalty, float("-inf")), sequences, origins,
-                         torch.arange(groups * beams, device=device).view(groups, beams), None, step, run.pad_id)
-        done[sources] |= final | _pool_is_done(config, pool_scores[sources], beam_scores, length, run.total_steps)
+        stuck = ~beam_scores[:, 0].isfinite()  # every candidate ended: nothing runs on
+        closed[sources] |= stuck | _pool_is_closed(config, pool_scores[sources], beam_scores, group_generated)
         last_step = step
-        if (step + 1) % run.eos_check_interval == 0 or step + 1 == run.total_steps:
-            keep_groups = (~done[sources]).nonzero().squeeze(1)
+        if run.is_check_step(step):
+            keep_groups = (~closed[sources]).nonzero().squeeze(1)
             if keep_groups.numel() == 0:
                 break
             if keep_groups.numel() < groups:
@@ -307,17 +289,19 @@ def _merge_into_pool(pool_scores: Tensor, pool_sequences: Tensor, pool_origins: 
     pool_origins[sources] = merged_origins.gather(1, index)
 
 
-def _pool_is_done(config: GenerationConfig, pool_scores: Tensor, beam_scores: Tensor, length: int,
-                  max_length: int) -> Tensor:
-    """transformers' rule: the pool is full and no running beam can still beat its worst hypothesis."""
+def _pool_is_closed(config: GenerationConfig, pool_scores: Tensor, beam_scores: Tensor, generated: Tensor) -> Tensor:
+    """transformers' early-stopping rules (``_check_early_stop_heuristic``): the pool is full and, unless
+    ``early_stopping=True``, no running beam can still beat its worst hypothesis. ``generated`` (groups,)
+    counts the tokens generated so far; with ``"never"`` and a positive length penalty the best beam is
+    scored at ``max_new_tokens``, the longest it can get."""
     full = pool_scores[:, -1].isfinite()
     if config.early_stopping is True:
         return full
     best_running = beam_scores[:, 0]
     if config.early_stopping == "never" and config.length_penalty > 0:
-        bound = best_running / max_length ** config.length_penalty
+        bound = best_running / config.max_new_tokens ** config.length_penalty
     else:
-        bound = best_running / length ** config.length_penalty
+        bound = best_running / generated.to(best_running.dtype) ** config.length_penalty
     return full & (pool_scores[:, -1] >= bound)
 
 

@@ -12,6 +12,10 @@ Everything runs on the scores' device and is vectorised over the batch. `__call_
 back to the host (no `.item()`, `.tolist()` or `if tensor:`), so decoding never waits on the device;
 branches depend only on shapes. The few constant tensors a processor needs are built on first use
 and cached per device, because copying a Python list to an accelerator synchronises with it.
+
+Each processor declares, with transformers' class attribute `supports_continuous_batching`, whether it
+can run where the rows of a batch sit at different positions (continuous refill): True when it reads
+only the scores (and at most the newest column of `input_ids`), False when it reads a row's history.
 """
 
 import math
@@ -98,6 +102,8 @@ class TemperatureLogitsWarper:
     temperature of 0.
     """
 
+    supports_continuous_batching = True
+
     def __init__(self, temperature: float) -> None:
         self.temperature = _check_float(
             "temperature", temperature, "a finite float > 0", lambda v: 0 < v < math.inf
@@ -114,6 +120,8 @@ class TopKLogitsWarper:
     `min_tokens_to_keep` tokens are kept, and never more than the vocabulary. `top_k` must be an
     int >= 1 (leave the warper out to disable it).
     """
+
+    supports_continuous_batching = True
 
     def __init__(self, top_k: int, filter_value: float = -math.inf, min_tokens_to_keep: int = 1) -> None:
         self.top_k = _check_int("top_k", top_k, 1)
@@ -136,6 +144,8 @@ class TopPLogitsWarper:
     float in (0, 1]; 1 removes only tokens of probability 0. Probabilities are computed in float32, even
     for half-precision scores.
     """
+
+    supports_continuous_batching = True
 
     def __init__(self, top_p: float, filter_value: float = -math.inf, min_tokens_to_keep: int = 1) -> None:
         self.top_p = _check_float("top_p", top_p, "a float in (0, 1]", lambda v: 0 < v <= 1)
@@ -163,6 +173,8 @@ class MinPLogitsWarper:
     `min_p` must be a float in [0, 1]; 0 keeps everything.
     """
 
+    supports_continuous_batching = True
+
     def __init__(self, min_p: float, filter_value: float = -math.inf, min_tokens_to_keep: int = 1) -> None:
         self.min_p = _check_float("min_p", min_p, "a float in [0, 1]", lambda v: 0 <= v <= 1)
         self.filter_value = _check_filter_value(filter_value)
@@ -186,6 +198,8 @@ class RepetitionPenaltyLogitsProcessor:
     float > 0.
     """
 
+    supports_continuous_batching = False
+
     def __init__(self, penalty: float) -> None:
         self.penalty = _check_float("penalty", penalty, "a finite float > 0", lambda v: 0 < v < math.inf)
 
@@ -203,6 +217,8 @@ class NoRepeatNGramLogitsProcessor:
     token of each match is banned; with n == 1 every token present is banned. The BOS column counts
     like any other. `ngram_size` must be an int >= 1.
     """
+
+    supports_continuous_batching = False
 
     def __init__(self, ngram_size: int) -> None:
         self.ngram_size = _check_int("ngram_size", ngram_size, 1)
@@ -252,6 +268,11 @@ class NoBadWordsLogitsProcessor:
                 self._words_by_length.setdefault(len(word), []).append(word)
         self._word_tensors: dict[torch.device, list[tuple[Tensor, Tensor]]] = {}
 
+    @property
+    def supports_continuous_batching(self) -> bool:
+        """One-token bad words are banned everywhere; a longer one must compare a row's latest tokens."""
+        return not self._words_by_length
+
     def _prefixes_and_last_tokens(self, device: torch.device) -> list[tuple[Tensor, Tensor]]:
         """Per bad-word length, the prefixes (K, length - 1) and last tokens (K,) on `device`."""
         if device not in self._word_tensors:
@@ -285,6 +306,8 @@ class MinNewTokensLengthLogitsProcessor:
     all of which are banned.
     """
 
+    supports_continuous_batching = False
+
     def __init__(
         self, prompt_length_to_skip: int, min_new_tokens: int, eos_token_id: int | list[int]
     ) -> None:
@@ -293,9 +316,21 @@ class MinNewTokensLengthLogitsProcessor:
         self._eos_mask = _TokenMask(_check_token_ids("eos_token_id", eos_token_id))
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        if input_ids.shape[1] - self.prompt_length_to_skip >= self.min_new_tokens:
+        generated = input_ids.shape[1] - self.prompt_length_to_skip
+        return ban_end_of_sequence_while_short(scores, generated, self.min_new_tokens, self._eos_mask)
+
+
+def ban_end_of_sequence_while_short(scores: Tensor, generated: int | Tensor, min_new_tokens: int,
+                                    eos_mask: _TokenMask) -> Tensor:
+    """The minimum-length rule, written once: ban every EOS id in the rows that have ``generated`` fewer
+    than ``min_new_tokens`` tokens. ``generated`` is one count for the batch or one per row (B,), for
+    batches whose rows have different forced prefixes or sit at different positions."""
+    if isinstance(generated, int):
+        if generated >= min_new_tokens:
             return scores
-        return scores.masked_fill(self._eos_mask(scores.shape[-1], scores.device), -math.inf)
+        return scores.masked_fill(eos_mask(scores.shape[-1], scores.device), -math.inf)
+    too_short = (generated < min_new_tokens)[:, None]  # (B, 1)
+    return scores.masked_fill(eos_mask(scores.shape[-1], scores.device) & too_short, -math.inf)
 
 
 class SuppressTokensLogitsProcessor:
@@ -303,6 +338,8 @@ class SuppressTokensLogitsProcessor:
 
     `suppress_tokens` is an id or a non-empty list of ids; ids outside the vocabulary are ignored.
     """
+
+    supports_continuous_batching = True
 
     def __init__(self, suppress_tokens: int | list[int]) -> None:
         self._mask = _TokenMask(_check_token_ids("suppress_tokens", suppress_tokens))
@@ -322,3 +359,16 @@ class LogitsProcessorList(list[LogitsProcessor]):
         for processor in self:
             scores = processor(input_ids, scores)
         return scores
+
+    @property
+    def supports_continuous_batching(self) -> bool | None:
+        """True if every member says so, False if one says it cannot, None (unknown) otherwise."""
+        return continuous_batching_support(self)
+
+
+def continuous_batching_support(rules: Sequence[object]) -> bool | None:
+    """Whether a chain of processors or criteria can run on rows at different positions: each declares it."""
+    flags = [getattr(rule, "supports_continuous_batching", None) for rule in rules]
+    if False in flags:
+        return False
+    return True if all(flag is True for flag in flags) else None

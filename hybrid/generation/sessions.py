@@ -1,10 +1,13 @@
-"""The two ways to get next-token logits while decoding, behind one small interface.
+"""The ways to get next-token logits while decoding, behind one small interface.
 
 Every search strategy talks only to a session: ``step(tokens) -> logits``,
 ``reorder(index)`` and ``expand(group_size)``. The cached session drives the
 preallocated :class:`DecodeState` (any mixer); the uncached one reruns the decoder over
 the whole prefix at every step, which is the crude loop that the fast path is checked
-and benchmarked against.
+and benchmarked against; the static one steps a batch that never shrinks with the
+position on the device, the step that :mod:`hybrid.generation.cuda_graph` captures.
+A session whose ``keeps_every_row`` is True cannot drop rows: finished rows step on,
+fed padding, until every row is done.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ from torch import Tensor
 class CachedSession:
     """Step-wise decoding over a :class:`hybrid.state.DecodeState` that ``model.start`` allocated."""
 
-    def __init__(self, model, src_ids: Tensor, src_mask: Tensor | None, max_length: int) -> None:
+    keeps_every_row = False
+
+    def __init__(self, model, src_ids: Tensor, src_mask: Tensor | None, max_steps: int) -> None:
         self.model = model
-        self.state = model.start(src_ids, src_mask, max_new_tokens=max_length)
+        self.state = model.start(src_ids, src_mask, max_steps=max_steps)
 
     def step(self, tokens: Tensor) -> Tensor:
         return self.model.step_unchecked(tokens, self.state)  # (B, vocab)
@@ -33,7 +38,9 @@ class CachedSession:
 class UncachedSession:
     """Reruns the decoder over the whole prefix each step (the encoder still runs once)."""
 
-    def __init__(self, model, src_ids: Tensor, src_mask: Tensor | None, max_length: int) -> None:
+    keeps_every_row = False
+
+    def __init__(self, model, src_ids: Tensor, src_mask: Tensor | None, max_steps: int) -> None:
         self.model = model
         with torch.inference_mode():
             self.memory, self.key_mask = model.encode(src_ids, src_mask)
@@ -51,3 +58,30 @@ class UncachedSession:
 
     def expand(self, group_size: int) -> None:
         self.reorder(torch.arange(self.memory.shape[0], device=self.memory.device).repeat_interleave(group_size))
+
+
+class StaticSession:
+    """A batch that keeps every row, stepped with the position on the device (a 0-d tensor).
+
+    No shape or host value changes from one step to the next, so the step can be captured once
+    in a CUDA graph and replayed (:class:`hybrid.generation.cuda_graph.CUDAGraphSession`); on
+    its own it is the same computation, uncaptured, which is how the CPU tests check it.
+    """
+
+    keeps_every_row = True
+
+    def __init__(self, model, src_ids: Tensor, src_mask: Tensor | None, max_steps: int) -> None:
+        self.model = model
+        self.state = model.start(src_ids, src_mask, max_steps=max_steps)
+        self.position = torch.zeros((), dtype=torch.long, device=src_ids.device)
+
+    def step(self, tokens: Tensor) -> Tensor:
+        logits = self.model.step_unchecked(tokens, self.state, self.position)  # (B, vocab)
+        self.position += 1
+        return logits
+
+    def reorder(self, index: Tensor) -> None:
+        raise ValueError("a static session keeps every row: its batch cannot be reordered or shrunk")
+
+    def expand(self, group_size: int) -> None:
+        self.state.expand(group_size)

@@ -4,6 +4,8 @@ A criterion is a callable `(input_ids, scores) -> BoolTensor [B]` with Hugging F
 signature, True where a sequence is done; `input_ids` (LongTensor [B, t]) are the decoder ids so far,
 BOS column first. As with the logits processors, nothing here reads a tensor back to the host, so
 checking whether to stop never waits on the device; the search strategy decides when to look.
+Like the processors, each criterion declares `supports_continuous_batching`: True when it reads only
+the newest column of `input_ids`, which is all that continuous refill can give it.
 """
 
 from collections.abc import Callable
@@ -11,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .processors import _check_int, _check_token_ids
+from .processors import _check_int, _check_token_ids, continuous_batching_support
 
 StoppingCriterion = Callable[[Tensor, Tensor], Tensor | bool]
 
@@ -22,6 +24,8 @@ class MaxNewTokensCriteria:
     The count of new tokens is `input_ids.shape[1] - start_length`; an encoder-decoder passes
     start_length=1 to skip the BOS column. Both arguments must be ints >= 0.
     """
+
+    supports_continuous_batching = False  # counts columns, and refill's rows sit at different positions
 
     def __init__(self, start_length: int, max_new_tokens: int) -> None:
         self.start_length = _check_int("start_length", start_length, 0)
@@ -37,6 +41,8 @@ class EosTokenCriteria:
 
     `eos_token_id` is an id or a non-empty list of ids, any of which ends a sequence.
     """
+
+    supports_continuous_batching = True  # reads the newest column only
 
     def __init__(self, eos_token_id: int | list[int]) -> None:
         self.eos_token_id = _check_token_ids("eos_token_id", eos_token_id)
@@ -65,3 +71,7 @@ class StoppingCriteriaList(list[StoppingCriterion]):
                 answer = answer.to(device=is_done.device, dtype=torch.bool)
             is_done = is_done | answer
         return is_done
+
+    @property
+    def supports_continuous_batching(self) -> bool | None:
+        return continuous_batching_support(self)

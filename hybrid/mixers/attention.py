@@ -9,15 +9,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hybrid.layers import RotaryEmbedding, merge_heads, project_qkv
-from hybrid.mixers.base import Mixer, MixerState
+from hybrid.mixers.base import Mixer, MixerState, Position
 
 
 @dataclasses.dataclass
 class KVCache(MixerState):
     """Keys and values of every past position, allocated once for the whole decode."""
 
-    keys: Tensor  # (B, nh, max_length, hd)
-    values: Tensor  # (B, nh, max_length, hd)
+    keys: Tensor  # (B, nh, max_steps, hd)
+    values: Tensor  # (B, nh, max_steps, hd)
 
 
 class AttentionMixer(Mixer):
@@ -43,12 +43,12 @@ class AttentionMixer(Mixer):
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         return self.out(merge_heads(y))
 
-    def allocate_state(self, batch_size: int, max_length: int, device, dtype) -> KVCache:
-        shape = (batch_size, self.n_heads, max_length, self.rotary.cos.shape[-1])
+    def allocate_state(self, batch_size: int, max_steps: int, device, dtype) -> KVCache:
+        shape = (batch_size, self.n_heads, max_steps, self.rotary.cos.shape[-1])
         return KVCache(keys=torch.zeros(shape, device=device, dtype=dtype),
                        values=torch.zeros(shape, device=device, dtype=dtype))
 
-    def step(self, x: Tensor, state: KVCache, position: int | Tensor) -> Tensor:
+    def step(self, x: Tensor, state: KVCache, position: Position) -> Tensor:
         if isinstance(position, Tensor):
             return self._shape_static_step(x, state, position)
         q, k, v = self._project(x.unsqueeze(1), start=position)  # 3 x (B, nh, 1, hd)
@@ -65,7 +65,7 @@ class AttentionMixer(Mixer):
 
         ``position`` is 0-d, or (B,) when rows sit at different positions (a slot-indexed
         cache that finished rows hand to new sources). It attends over the whole
-        preallocated cache with a mask of each row's filled positions, trading O(max_length)
+        preallocated cache with a mask of each row's filled positions, trading O(max_steps)
         work per step for launch-free replay and per-row positions.
         """
         positions = position.expand(x.shape[0])  # (B,): one shared position, or one per row
@@ -73,6 +73,6 @@ class AttentionMixer(Mixer):
         slot = positions.view(-1, 1, 1, 1).expand_as(k)
         state.keys.scatter_(2, slot, k)
         state.values.scatter_(2, slot, v)
-        filled = torch.arange(state.keys.shape[2], device=x.device) <= positions[:, None]  # (B, max_length)
+        filled = torch.arange(state.keys.shape[2], device=x.device) <= positions[:, None]  # (B, max_steps)
         y = F.scaled_dot_product_attention(q, state.keys, state.values, attn_mask=filled[:, None, None, :])
         return self.out(merge_heads(y)).squeeze(1)  # (B, D)

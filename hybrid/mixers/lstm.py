@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
-from hybrid.mixers.base import Mixer, MixerState
+from hybrid.mixers.base import Mixer, MixerState, Position
 
 
 @dataclasses.dataclass
@@ -43,7 +43,7 @@ class LSTMMixer(Mixer):
         y, _ = self.lstm(x)  # (B, T, H)
         return self.dropout(self.out(y))
 
-    def allocate_state(self, batch_size: int, max_length: int, device, dtype) -> LSTMState:
+    def allocate_state(self, batch_size: int, max_steps: int, device, dtype) -> LSTMState:
         # The weights do not change while decoding, so fuse them once per decode, not per step.
         lstm = self.lstm
         self._fused_weight = torch.cat([lstm.weight_ih_l0, lstm.weight_hh_l0], dim=1).t()  # (D + H, 4H)
@@ -52,7 +52,8 @@ class LSTMMixer(Mixer):
             input_hidden=torch.zeros(batch_size, self.d_model + self.width, device=device, dtype=dtype),
             cell=torch.zeros(batch_size, self.width, device=device, dtype=dtype))
 
-    def step(self, x: Tensor, state: LSTMState, position: int) -> Tensor:
+    def step(self, x: Tensor, state: LSTMState, position: Position) -> Tensor:
+        # The recurrence needs no position: every form of it is accepted and unused.
         if self._fused_weight is None:
             raise RuntimeError("LSTMMixer.step called before allocate_state (use Seq2Seq.start)")
         state.input_hidden[:, :self.d_model].copy_(x)

@@ -50,7 +50,7 @@ def test_converted_model_is_exact_step_wise():
     converted, _ = convert(tiny_model(["attention"] * 3, seed=2), "lstm,attention,lstm", lstm_hidden_size=24)
     converted.eval()
     src, tgt = padded_batch([5, 3], seed=3), padded_batch([6, 6], seed=4)
-    state = converted.start(src, max_new_tokens=6)
+    state = converted.start(src, max_steps=6)
     stepped = torch.stack([converted.step(tgt[:, t], state) for t in range(6)], dim=1)
     assert (stepped - converted(src, tgt)).abs().max().item() <= 1e-4
     assert torch.equal(converted.generate(src, max_new_tokens=12),

@@ -7,6 +7,7 @@ import torch
 from conftest import tiny_model
 
 from hybrid import MIXERS
+from hybrid.generation import EosTokenCriteria, MaxNewTokensCriteria, SuppressTokensLogitsProcessor
 from hybrid.generation.bulk import RefillDecoder, Source, bucketed_batches
 
 
@@ -51,24 +52,54 @@ def test_refill_decodes_every_source_as_if_alone(mixers, bucketed, interval):
         assert results[source.index] == expected, source.index
 
 
-def test_refill_refuses_options_it_cannot_honour():
-    with pytest.raises(ValueError, match=r"does not support \['num_beams'\]"):
-        RefillDecoder(tiny_model(["lstm"]), slots=2, num_beams=2)
+@pytest.mark.parametrize("options", [
+    dict(pad_token_id=5), dict(min_new_tokens=6), dict(eos_token_id=[2, 7]), dict(bad_words_ids=[[5], [9]]),
+    dict(stopping_criteria=[EosTokenCriteria(8)]), dict(logits_processor=[SuppressTokensLogitsProcessor([4, 6])]),
+], ids=["pad_token_id", "min_new_tokens", "eos_ids", "one-token-bad-words", "eos-criterion", "suppress"])
+def test_refill_honours_every_rule_that_says_it_can(options):
+    # Each of these rules declares supports_continuous_batching; refill must then give generate's answer.
+    model = tiny_model(["lstm", "attention"], seed=6)
+    sources = random_sources(13, seed=7)
+    results = dict(RefillDecoder(model, slots=3, max_new_tokens=12, **options).run([sources]))
+    for source in sources:
+        alone = model.generate(torch.tensor([source.ids]), max_new_tokens=12, **options)[0]
+        pad = options.get("pad_token_id", model.config.pad_id)
+        ends = [i for i, token in enumerate(alone.tolist()) if token in options.get("eos_token_id", [2])]
+        expected = alone[:ends[0] + 1] if ends else alone[alone != pad]
+        assert results[source.index] == expected.tolist(), source.index
+
+
+@pytest.mark.parametrize("options, named", [
+    (dict(num_beams=2), "num_beams"),
+    (dict(do_sample=True, num_return_sequences=2), "num_return_sequences"),
+    (dict(repetition_penalty=1.2), "repetition_penalty"),
+    (dict(no_repeat_ngram_size=2), "no_repeat_ngram_size"),
+    (dict(bad_words_ids=[[5, 6]]), "bad_words_ids"),
+    (dict(logits_processor=[lambda input_ids, scores: scores]), "logits_processor"),
+    (dict(stopping_criteria=[MaxNewTokensCriteria(1, 3)]), "MaxNewTokensCriteria"),
+    (dict(decoder_input_ids=torch.tensor([[1, 5]])), "decoder_input_ids"),
+    (dict(use_cache=False), "use_cache"),
+])
+def test_refill_refuses_what_its_rules_say_it_cannot_honour(options, named):
+    model = tiny_model(["lstm"])
+    assert any(named in obstacle for obstacle in RefillDecoder.obstacles(model, **options))
+    with pytest.raises(ValueError, match=f"refill cannot honour .*{named}"):
+        RefillDecoder(model, slots=2, **options)
 
 
 def test_refill_from_a_block_and_trimming_keep_every_row_exact():
     model = tiny_model(["lstm", "attention"], seed=5)
     long_src = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12], [4, 5, 6, 0, 0, 0, 0, 0]])
-    state = model.start(long_src, max_new_tokens=6)
+    state = model.start(long_src, max_steps=6)
     block = model.start(torch.tensor([[7, 8, 0, 0, 0, 0], [9, 10, 11, 12, 3, 4], [3, 4, 5, 0, 0, 0]]),
-                        max_new_tokens=1)  # only its memory is used
+                        max_steps=1)  # only its memory is used
     bos = torch.full((2,), model.config.bos_id)
     model.step_unchecked(bos, state, torch.tensor([0, 0]))
     # Row 0 (the long source) leaves; block row 2 takes its slot; the memory shrinks to 3 positions.
     state.refill(torch.tensor([0]), block, torch.tensor([2]), source_length=3)
     assert state.memory_mask.shape[-1] == 3
     logits = model.step_unchecked(torch.tensor([model.config.bos_id, 9]), state, torch.tensor([0, 1]))
-    alone = model.start(torch.tensor([[3, 4, 5]]), max_new_tokens=2)
+    alone = model.start(torch.tensor([[3, 4, 5]]), max_steps=2)
     assert (logits[0] - model.step(bos[:1], alone)[0]).abs().max().item() <= 1e-4
     other = model(long_src[1:, :3], torch.tensor([[model.config.bos_id, 9]]))[0, 1]
     assert (logits[1] - other).abs().max().item() <= 1e-4
@@ -78,6 +109,6 @@ def test_refill_from_a_block_and_trimming_keep_every_row_exact():
 
 def test_refill_needs_one_fresh_row_per_slot():
     model = tiny_model(["lstm"], seed=5)
-    state = model.start(torch.tensor([[5, 6], [7, 8]]), max_new_tokens=2)
+    state = model.start(torch.tensor([[5, 6], [7, 8]]), max_steps=2)
     with pytest.raises(ValueError, match="one fresh row per slot"):
         state.refill(torch.tensor([0, 1]), state, torch.tensor([0]))

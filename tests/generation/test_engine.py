@@ -53,7 +53,9 @@ def test_beam_search_finds_the_exhaustive_optimum(mixer, length_penalty):
             for end in endings:
                 sequence = [*body, *end]
                 prefix = torch.tensor([[config.bos_id, *sequence]])
-                logprobs = F.log_softmax(_masked(model(src, prefix)[0].float(), config), dim=-1)
+                # Beam search scores log-probabilities, then suppresses padding and BOS (transformers'
+                # order: suppress_tokens runs after log_softmax), so the others are not renormalised.
+                logprobs = _masked(F.log_softmax(model(src, prefix)[0].float(), dim=-1), config)
                 total = sum(logprobs[i, token].item() for i, token in enumerate(sequence))
                 score = total / length ** length_penalty
                 if score > best_score:

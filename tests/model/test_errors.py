@@ -15,7 +15,7 @@ def model():
 
 ENTRY_POINTS = {
     "forward": lambda model, src, mask=None: model(src, TGT, mask),
-    "start": lambda model, src, mask=None: model.start(src, mask, max_new_tokens=4),
+    "start": lambda model, src, mask=None: model.start(src, mask, max_steps=4),
     "generate": lambda model, src, mask=None: model.generate(src, mask, max_new_tokens=4),
 }
 
@@ -54,12 +54,12 @@ def test_integer_mask_is_accepted_like_a_bool_mask(model):
 
 
 @pytest.mark.parametrize("bad", [0, -3, 1025])
-@pytest.mark.parametrize("entry", ["start", "generate"])
-def test_max_new_tokens_out_of_range(model, entry, bad):
+@pytest.mark.parametrize("entry, name", [("start", "max_steps"), ("generate", "max_new_tokens")])
+def test_lengths_out_of_range(model, entry, name, bad):
     call = model.start if entry == "start" else model.generate
-    message = r"max_new_tokens must be (in \[1, max_positions=1024\]|an int >= 1, got -?\d)"
+    message = rf"{name} must be (in \[1, max_positions=1024\]|an int >= 1, got -?\d)"
     with pytest.raises(ValueError, match=message):
-        call(SRC, max_new_tokens=bad)
+        call(SRC, **{name: bad})
 
 
 def test_target_ids_are_checked(model):
@@ -68,7 +68,7 @@ def test_target_ids_are_checked(model):
 
 
 def test_step_checks_ids_and_batch_size(model):
-    state = model.start(SRC, max_new_tokens=2)
+    state = model.start(SRC, max_steps=2)
     with pytest.raises(ValueError, match=r"token_ids has 3 rows but the state holds 2 sequences"):
         model.step(torch.tensor([1, 1, 1]), state)
     with pytest.raises(ValueError, match=r"token_ids contains id 99"):
@@ -78,14 +78,14 @@ def test_step_checks_ids_and_batch_size(model):
 
 
 def test_step_past_the_allocated_length_is_refused(model):
-    state = model.start(SRC, max_new_tokens=2)
+    state = model.start(SRC, max_steps=2)
     model.step(torch.tensor([1, 1]), state)
     model.step(torch.tensor([5, 5]), state)
-    with pytest.raises(ValueError, match="decoding state is full.*max_new_tokens=2"):
+    with pytest.raises(ValueError, match="decoding state is full.*max_steps=2"):
         model.step(torch.tensor([5, 5]), state)
 
 
 def test_source_longer_than_max_positions(model):
     long = torch.full((1, 1025), 5)
     with pytest.raises(ValueError, match=r"source length must be in \[1, max_positions=1024\]"):
-        model.start(long, max_new_tokens=2)
+        model.start(long, max_steps=2)

@@ -56,7 +56,7 @@ def test_eos_check_interval_does_not_change_the_result():
 def test_lstm_state_size_does_not_grow_with_length():
     model = tiny_model(["lstm"] * 3)
     src = padded_batch([4, 6])
-    short, long = model.start(src, max_new_tokens=8), model.start(src, max_new_tokens=512)
+    short, long = model.start(src, max_steps=8), model.start(src, max_steps=512)
     tokens = torch.full((2,), model.config.bos_id)
     for _ in range(8):
         model.step(tokens, short)
@@ -69,7 +69,7 @@ def test_lstm_state_size_does_not_grow_with_length():
 def test_attention_cache_grows_with_requested_length():
     model = tiny_model(["attention"] * 3)
     src = padded_batch([4, 6])
-    short, long = model.start(src, max_new_tokens=8), model.start(src, max_new_tokens=512)
+    short, long = model.start(src, max_steps=8), model.start(src, max_steps=512)
     assert long.mixer_nbytes == 64 * short.mixer_nbytes
 
 
@@ -78,12 +78,12 @@ def test_reorder_selects_and_shrinks_state(name):
     model = tiny_model([name, name], seed=5)
     src = padded_batch([3, 5, 4], seed=15)
     tokens = padded_batch([6, 6, 6], seed=16)
-    full = model.start(src, max_new_tokens=6)
+    full = model.start(src, max_steps=6)
     for t in range(3):
         model.step(tokens[:, t], full)
     full.reorder(torch.tensor([2, 0]))
     assert full.batch_size == 2
-    alone = model.start(src[[2, 0]], max_new_tokens=6)
+    alone = model.start(src[[2, 0]], max_steps=6)
     for t in range(3):
         model.step(tokens[[2, 0], t], alone)
     for t in range(3, 6):

@@ -13,7 +13,7 @@ def test_step_logits_equal_teacher_forced_logits(mixer_pattern):
     tgt = torch.cat([torch.full((4, 1), model.config.bos_id), tgt], dim=1)  # decoder input starts with BOS
 
     parallel = model(src, tgt)  # (B, T, V)
-    state = model.start(src, max_new_tokens=tgt.shape[1])
+    state = model.start(src, max_steps=tgt.shape[1])
     stepped = torch.stack([model.step(tgt[:, t], state) for t in range(tgt.shape[1])], dim=1)
 
     assert stepped.shape == parallel.shape == (4, tgt.shape[1], VOCAB)
@@ -23,7 +23,7 @@ def test_step_logits_equal_teacher_forced_logits(mixer_pattern):
 def test_parity_with_a_narrower_projected_lstm():
     model = tiny_model(["lstm", "attention"], lstm_hidden_size=20)
     src, tgt = padded_batch([5, 8], seed=3), padded_batch([7, 7], seed=4)
-    state = model.start(src, max_new_tokens=7)
+    state = model.start(src, max_steps=7)
     stepped = torch.stack([model.step(tgt[:, t], state) for t in range(7)], dim=1)
     assert (stepped - model(src, tgt)).abs().max().item() <= 1e-4
 
@@ -33,7 +33,7 @@ def test_parity_holds_at_long_positions_for_every_mixer():
     for name in MIXERS:
         model = tiny_model([name, name], max_positions=600)
         src, tgt = padded_batch([4, 6], seed=5), padded_batch([600, 600], seed=6)
-        state = model.start(src, max_new_tokens=600)
+        state = model.start(src, max_steps=600)
         stepped = torch.stack([model.step(tgt[:, t], state) for t in range(600)], dim=1)
         assert (stepped - model(src, tgt)).abs().max().item() <= 1e-4, name
 

@@ -1,0 +1,223 @@
+"""The decoding rules, each written once: what turns one step's logits into the next tokens.
+
+Every decoding path builds one :class:`DecodingRules` from a :class:`GenerationConfig` and applies
+it the same way: ``generate``'s greedy, sampling and beam search, continuous refill
+(:mod:`hybrid.generation.bulk`) and the CUDA-graph loop (:mod:`hybrid.generation.cuda_graph`).
+The rules follow transformers' ``generate()`` wherever the option names are transformers':
+
+- **The processor chain** runs in transformers' order (``GenerationMixin._get_logits_processor``):
+  repetition penalty, no-repeat n-grams, bad words, the minimum length, the suppressed ids, the
+  user's ``logits_processor`` (one of the same type as a built-in takes its place, as in
+  ``_merge_criteria_processor_list``), then, when sampling, temperature, top-k, top-p and min-p.
+  Beam search runs it on log-probabilities, after ``log_softmax``, as transformers does.
+- **Padding and BOS are never generated.** This is hybrid's one standing difference, and it is
+  expressed as transformers would: as if ``suppress_tokens=[pad_token_id, bos_token_id]`` were
+  given (an EOS id is never suppressed).
+- **The minimum length** bans EOS until a row has generated ``min_new_tokens`` tokens, counted
+  after its forced prefix (transformers' ``MinNewTokensLengthLogitsProcessor``), per row.
+- **A forced prefix** (``decoder_input_ids``, right-padded, one per row) is fed, not generated:
+  while a row is inside it the forced token is taken with log-probability 0, and EOS and the
+  stopping criteria do not apply to it. A step where every row is forced skips the processor chain
+  and the criteria altogether, so they first see a row after its prefix, as with transformers'
+  prompt.
+- **A sequence ends** with any id of ``eos_ids``, at ``max_new_tokens`` generated tokens, or when a
+  stopping criterion says so; criteria see only generated tokens (``input_ids`` ends with one).
+
+Each rule declares whether continuous batching can honour it, with transformers' per-processor
+flag ``supports_continuous_batching``: refill's rows sit at different positions, so it can run only
+rules that read the scores and at most the newest column of ``input_ids``.
+:meth:`DecodingRules.continuous_batching_obstacles` reads those flags; there is no list of options
+beside them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from hybrid.generation.config import GenerationConfig
+from hybrid.generation.processors import (
+    MinPLogitsWarper,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    _TokenMask,
+    ban_end_of_sequence_while_short,
+)
+from hybrid.generation.stopping import StoppingCriteriaList
+from hybrid.inputs import check_token_ids
+
+
+@dataclass
+class _Processor:
+    """A processor with transformers' signature ``(input_ids, scores) -> scores`` in the chain."""
+
+    processor: Callable[[Tensor, Tensor], Tensor]
+    name: str  # the option it came from, for error messages
+
+    @property
+    def supports_continuous_batching(self) -> bool | None:
+        return getattr(self.processor, "supports_continuous_batching", None)
+
+    def __call__(self, input_ids: Tensor, scores: Tensor, generated: Tensor) -> Tensor:
+        return self.processor(input_ids, scores)
+
+
+class _MinNewTokens:
+    """``min_new_tokens`` over rows whose generated counts differ (forced prefixes, refilled rows)."""
+
+    name = "min_new_tokens"
+    supports_continuous_batching = True  # each row's own count is known; its history is not needed
+
+    def __init__(self, min_new_tokens: int, eos_ids: list[int]) -> None:
+        self.min_new_tokens = min_new_tokens
+        self.eos_mask = _TokenMask(eos_ids)
+
+    def __call__(self, input_ids: Tensor, scores: Tensor, generated: Tensor) -> Tensor:
+        return ban_end_of_sequence_while_short(scores, generated, self.min_new_tokens, self.eos_mask)
+
+
+class DecodingRules:
+    """The rules of one ``generate`` call or bulk job, for a model with ``model_config``'s ids.
+
+    ``process`` runs the processor chain; ``force`` applies a forced prefix; ``ends`` and
+    ``stops`` say which rows are done; ``choose`` picks tokens (argmax, or a sample).
+    """
+
+    def __init__(self, config: GenerationConfig, model_config) -> None:
+        self.config = config
+        self.vocab_size = model_config.vocab_size
+        self.bos_id = model_config.bos_id
+        self.eos_ids = config.eos_ids(model_config)
+        self.pad_id = _pad_id(config, model_config)
+        self.suppressed = sorted({model_config.pad_id, self.pad_id, self.bos_id} - set(self.eos_ids))
+        self.max_new_tokens = config.max_new_tokens
+        self.chain = _processor_chain(config, self.eos_ids, self.suppressed)
+        self.stopping = StoppingCriteriaList(config.stopping_criteria or [])
+        self._eos: dict[torch.device, Tensor] = {}  # built once per device: a copy to a GPU syncs with it
+
+    def eos_tensor(self, device: torch.device) -> Tensor:
+        if device not in self._eos:
+            self._eos[device] = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
+        return self._eos[device]
+
+    def process(self, input_ids: Tensor, scores: Tensor, generated: Tensor) -> Tensor:
+        """The next-token scores (rows, vocab) after every processor, in transformers' order.
+
+        ``input_ids`` (rows, t) are the decoder ids so far, BOS first; ``scores`` the float32 logits
+        (log-probabilities in beam search); ``generated`` (rows,) how many tokens each row has
+        generated before this step, forced prefix not counted.
+        """
+        for rule in self.chain:
+            scores = rule(input_ids, scores, generated)
+        return scores
+
+    def force(self, scores: Tensor, prefix: Tensor, prefix_lengths: Tensor, step: int) -> tuple[Tensor, Tensor]:
+        """Rows still inside their forced prefix take its token at column ``step + 1`` (score 0, the rest
+        -inf); returns the scores and which rows (rows,) were forced."""
+        column = step + 1
+        forced = column < prefix_lengths  # (rows,)
+        if column >= prefix.shape[1]:
+            return scores, forced
+        one_hot = torch.full_like(scores, float("-inf")).scatter_(1, prefix[:, column, None], 0.0)
+        return torch.where(forced[:, None], one_hot, scores), forced
+
+    def ends(self, tokens: Tensor, generated: Tensor) -> Tensor:
+        """Rows that end with ``tokens``: an EOS id, or the ``generated`` count (these tokens included)
+        reaching ``max_new_tokens``. Any shape; ``generated`` broadcasts against ``tokens``."""
+        return torch.isin(tokens, self.eos_tensor(tokens.device)) | (generated >= self.max_new_tokens)
+
+    def stops(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        """The user's stopping criteria (rows,) on ``input_ids`` that end with a generated token."""
+        return self.stopping(input_ids, scores)
+
+    def choose(self, scores: Tensor) -> Tensor:
+        """The next token of each row (rows,): a draw from ``softmax(scores)`` or the argmax (greedy)."""
+        if self.config.do_sample:
+            probabilities = F.softmax(scores, dim=-1)
+            return torch.multinomial(probabilities, 1, generator=self.config.generator).squeeze(1)
+        return scores.argmax(dim=-1)
+
+    def continuous_batching_obstacles(self) -> list[str]:
+        """The rules that rows at different positions cannot honour, by name; empty when refill can run."""
+        obstacles = [rule.name for rule in self.chain if rule.supports_continuous_batching is not True]
+        obstacles += [f"stopping_criteria ({type(criterion).__name__})" for criterion in self.stopping
+                      if getattr(criterion, "supports_continuous_batching", None) is not True]
+        if self.config.decoder_input_ids is not None:
+            obstacles.append("decoder_input_ids (a forced prefix per row)")
+        return obstacles
+
+    def forced_prefix(self, sources: int, device: torch.device) -> tuple[Tensor, Tensor, int]:
+        """The forced prefix of ``sources`` rows: (sources, P) ids that start with BOS, right-padded with
+        ``pad_token_id``; each row's length (sources,); and the first step at which some row is free."""
+        bos = torch.full((sources, 1), self.bos_id, dtype=torch.long, device=device)
+        decoder_input_ids = self.config.decoder_input_ids
+        if decoder_input_ids is None:
+            return bos, torch.ones(sources, dtype=torch.long, device=device), 0
+        ids = check_token_ids("decoder_input_ids", decoder_input_ids, self.vocab_size, ndim=2).to(device)
+        if ids.shape[0] != sources:
+            raise ValueError(f"decoder_input_ids has {ids.shape[0]} rows but src_ids has {sources}")
+        if not bool((ids[:, 0] == self.bos_id).all()):
+            ids = torch.cat([bos, ids], dim=1)  # as in transformers, the decoder start token is prepended
+        is_token = ids != self.pad_id
+        lengths = is_token.sum(dim=1)
+        expected = torch.arange(1, ids.shape[1] + 1, device=device).clamp(max=lengths[:, None])
+        if bool((is_token.cumsum(dim=1) != expected).any()):
+            raise ValueError("decoder_input_ids must be right-padded with pad_token_id (no padding inside a prefix)")
+        return ids, lengths, int(lengths.min()) - 1
+
+
+def _pad_id(config: GenerationConfig, model_config) -> int:
+    if config.pad_token_id is None:
+        return model_config.pad_id
+    pad_id = config.pad_token_id
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int) or not 0 <= pad_id < model_config.vocab_size:
+        raise ValueError(f"pad_token_id must be an id in [0, vocab_size={model_config.vocab_size}), got {pad_id!r}")
+    return pad_id
+
+
+def _processor_chain(config: GenerationConfig, eos_ids: list[int], suppressed: list[int]) -> list:
+    """The processors in transformers' order, with the user's merged in as transformers merges them."""
+    built_in = []
+    if config.repetition_penalty != 1.0:
+        built_in.append(_Processor(RepetitionPenaltyLogitsProcessor(config.repetition_penalty), "repetition_penalty"))
+    if config.no_repeat_ngram_size > 0:
+        built_in.append(_Processor(NoRepeatNGramLogitsProcessor(config.no_repeat_ngram_size), "no_repeat_ngram_size"))
+    if config.bad_words_ids:
+        words = [list(word) for word in config.bad_words_ids]
+        built_in.append(_Processor(NoBadWordsLogitsProcessor(words, eos_ids), "bad_words_ids"))
+    if config.min_new_tokens > 0:
+        built_in.append(_MinNewTokens(config.min_new_tokens, eos_ids))
+    if suppressed:
+        built_in.append(_Processor(SuppressTokensLogitsProcessor(suppressed), "padding and BOS, never generated"))
+    users = list(config.logits_processor or [])
+    chain, used = [], []
+    for rule in built_in:
+        # transformers: a user's processor of the same type as a built-in one takes its place.
+        replacement = next((user for user in users if isinstance(rule, _Processor)
+                            and type(user) is type(rule.processor)), None)
+        if replacement is None:
+            chain.append(rule)
+        else:
+            chain.append(_Processor(replacement, f"logits_processor ({type(replacement).__name__})"))
+            used.append(replacement)
+    chain += [_Processor(user, f"logits_processor ({getattr(user, '__name__', type(user).__name__)})")
+              for user in users if not any(user is taken for taken in used)]
+    if config.do_sample:
+        if config.temperature != 1.0:
+            chain.append(_Processor(TemperatureLogitsWarper(config.temperature), "temperature"))
+        if config.top_k:
+            chain.append(_Processor(TopKLogitsWarper(config.top_k), "top_k"))
+        if config.top_p < 1.0:
+            chain.append(_Processor(TopPLogitsWarper(config.top_p), "top_p"))
+        if config.min_p:
+            chain.append(_Processor(MinPLogitsWarper(config.min_p), "min_p"))
+    return chain
