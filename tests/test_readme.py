@@ -34,3 +34,25 @@ def test_cli_demo_runs_on_a_tiny_model():
         [sys.executable, "-m", "hybrid.cli", "demo", "--max-new-tokens", "4", "--d-model", "16",
          "--repeats", "1", "--uncached"], capture_output=True, text=True, check=True)
     assert result.stdout.count("ms/token") == 3
+
+
+def test_the_readme_test_command_installs_every_optional_package_the_tests_import():
+    # A test that skips for a missing package has never run in CI: the extra the README installs must
+    # bring every package that a test imports with pytest.importorskip.
+    import tomllib
+
+    command = re.findall(r"```bash\n(.*?)\n```", README.split("## Quickstart")[1], flags=re.S)[1]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+    def resolve(extra: str) -> set[str]:
+        names = set()
+        for requirement in extras[extra]:
+            name = re.split(r"[<>=\[ ]", requirement)[0]
+            names |= resolve(re.search(r"\[(\w+)\]", requirement).group(1)) if name == "hybrid" else {name}
+        return names
+
+    installed = set().union(*(resolve(extra) for extra in re.search(r'-e "\.\[([\w,]+)\]"', command)
+                              .group(1).split(",")))
+    imported = {re.match(r"[\w-]+", name).group(0) for path in (ROOT / "tests").rglob("*.py")
+                for name in re.findall(r'importorskip\("([\w.]+)"', path.read_text())}
+    assert imported - {"tomllib"} <= installed, imported - installed
