@@ -207,7 +207,8 @@ class Seq2Seq(nn.Module):
 
     def generate(self, src_ids: Tensor, src_mask: Tensor | None = None, max_new_tokens: int = 256,
                  use_cache: bool = True, **kwargs) -> Tensor:
-        """Greedy decoding; returns (B, L) ids without the leading BOS, EOS included, ``pad_id`` after it.
+        """:func:`hybrid.generation.generate` with transformers' options (greedy by default); returns
+        (B, L) ids without the leading BOS, EOS included, ``pad_id`` after it.
 
         ``use_cache=False`` reruns the decoder over the whole prefix at every step: the
         crude loop that the cached path is checked and benchmarked against.

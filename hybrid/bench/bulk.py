@@ -88,14 +88,13 @@ def plain_loop(model: Seq2Seq, src_ids, chooser: RefillDecoder):
     state = model.start(src_ids, src_ids.ne(config.pad_id), max_steps=max_new_tokens)
     tokens = torch.full((rows,), config.bos_id, dtype=torch.long, device=src_ids.device)
     finished = torch.zeros(rows, dtype=torch.bool, device=src_ids.device)
-    eos = torch.tensor(chooser.eos_ids, device=src_ids.device)
     generated = []
     for position in range(max_new_tokens):
         logits = model.step_unchecked(tokens, state)
         tokens = chooser.next_tokens(logits, tokens, torch.full_like(tokens, position))
         tokens = tokens.masked_fill(finished, config.pad_id)
         generated.append(tokens)
-        finished |= torch.isin(tokens, eos)
+        finished |= chooser.rules.ends(tokens, torch.full_like(tokens, position + 1))
         if bool(finished.all()):
             break
     return torch.stack(generated, dim=1)  # (B, L)

@@ -98,10 +98,6 @@ class RefillDecoder:
         config = GenerationConfig.from_kwargs(**options)
         return _obstacles(config, DecodingRules(config, model.config))
 
-    @property
-    def eos_ids(self) -> list[int]:
-        return self.rules.eos_ids
-
     def next_scores(self, logits: Tensor, tokens: Tensor, positions: Tensor) -> Tensor:
         """The processed scores (B, vocab) of a step's ``logits``, given the ``tokens`` just fed (the only
         column of ``input_ids`` the rules see) and how many ``positions`` each row has generated."""
