@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 Format = Literal["text", "tsv", "jsonl"]
-FORMATS: tuple[Format, ...] = ("text", "tsv", "jsonl")
+INPUT_FORMATS: tuple[Format, ...] = ("text", "tsv", "jsonl")
 GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -110,7 +110,7 @@ def _is_stdin(path: str | os.PathLike | None) -> bool:
     return path is None or str(path) == "-"
 
 
-def detect_format(path: str | os.PathLike | None, first_line: str, allowed: Sequence[Format] = FORMATS) -> Format:
+def detect_format(path: str | os.PathLike | None, first_line: str, allowed: Sequence[Format] = INPUT_FORMATS) -> Format:
     """The format of an input of lines: ``"text"`` (the line is the source), ``"tsv"`` or ``"jsonl"``.
 
     By the name first: ``.jsonl`` or ``.json``, ``.tsv``, ``.txt`` (before any ``.gz``); else by
