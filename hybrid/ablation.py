@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import functools
+import io
 import json
 import logging
 import platform
@@ -25,6 +27,7 @@ import torch
 from lightning import Callback, LightningModule, Trainer
 from omegaconf import OmegaConf
 
+from hybrid.files import write_atomically
 from hybrid.model import Seq2Seq
 from hybrid.training.checkpoint import read_checkpoint
 
@@ -72,7 +75,7 @@ class TrainingClock(Callback):
                  "global_step": trainer.global_step}
         path = Path(trainer.default_root_dir) / CLOCK_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(clock, indent=2) + "\n")
+        write_atomically(path, json.dumps(clock, indent=2) + "\n")
 
 
 # ----- collecting runs ---------------------------------------------------------------------
@@ -301,16 +304,17 @@ def write_results(rows: Sequence[dict[str, Any]], directory: str | Path, note: s
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     fields = [*columns_of(rows), *sorted({key for row in rows for key in row} - set(columns_of(rows)))]
-    with open(directory / "ablations.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomically(directory / "ablations.csv", table.getvalue())
     checks = "".join(f"- {check['task']}: {check['target']} ({check['needed']}): {check['measured']}, "
                      f"{VERDICTS[check['met']]}\n" for check in targets(rows))
-    (directory / "ablations.md").write_text((note + "\n\n" if note else "") + markdown_table(rows)
-                                            + ("\nTargets:\n\n" + checks if checks else ""))
+    write_atomically(directory / "ablations.md", (note + "\n\n" if note else "") + markdown_table(rows)
+                     + ("\nTargets:\n\n" + checks if checks else ""))
     figure = pareto_figure(rows)
-    figure.savefig(directory / "pareto.png", dpi=120)
+    write_atomically(directory / "pareto.png", functools.partial(figure.savefig, dpi=120))
     return [directory / "ablations.csv", directory / "ablations.md", directory / "pareto.png"]
 
 

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from hybrid.bench.contenders import model_config
+from hybrid.files import write_atomically
 from hybrid.generation.bulk import RefillDecoder, Source, bucketed_batches, pad_sources
 from hybrid.model import Seq2Seq
 
@@ -411,7 +412,7 @@ def run_bench_bulk(cfg) -> Path:
     results = run_bulk_benchmark(settings)
     directory = Path(settings["output_dir"])
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (directory / "results.md").write_text(markdown_table(results))
+    write_atomically(directory / "results.json", json.dumps(results, indent=2) + "\n")
+    write_atomically(directory / "results.md", markdown_table(results))
     print(markdown_table(results))
     return directory

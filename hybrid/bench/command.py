@@ -6,6 +6,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from hybrid.files import write_atomically
+
 
 def run_bench(cfg: DictConfig) -> Path:
     """Run the benchmark that ``cfg`` (``configs/bench.yaml`` plus overrides) describes.
@@ -19,7 +21,7 @@ def run_bench(cfg: DictConfig) -> Path:
     results = run_benchmark(settings)
     directory = Path(settings["output_dir"])
     paths = write_results(results, directory)
-    (directory / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    write_atomically(directory / "config.yaml", OmegaConf.to_yaml(cfg))
     print_table(results)
     print("wrote " + ", ".join(str(p) for p in paths))
     return directory
