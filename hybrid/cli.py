@@ -16,9 +16,7 @@ import dataclasses
 import logging
 import os
 import re
-import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -29,16 +27,15 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from hybrid.config import ModelConfig
 from hybrid.generation.config import GenerationConfig
-from hybrid.model import Seq2Seq
-from hybrid.training.checkpoint import export_checkpoint, load_for_inference, read_checkpoint
-from hybrid.training.tokenizer import BOS_ID, EOS_ID, PAD_ID, Seq2SeqTokenizer
+from hybrid.training.builders import build_module, build_trainer, model_config_from, resolve_ckpt_path
+from hybrid.training.checkpoint import export_checkpoint, load_for_inference, read_checkpoint, write_checkpoint
+from hybrid.training.examples import print_examples
 
 if TYPE_CHECKING:
     from lightning import Trainer
 
-    from hybrid.training import LitSeq2Seq, Seq2SeqDataModule
+    from hybrid.training import Seq2SeqDataModule
 
 logger = logging.getLogger(__name__)
 
@@ -129,73 +126,6 @@ def _import_lightning() -> ModuleType:
     return lightning
 
 
-def model_config_from(model: DictConfig | dict[str, Any], vocab_size: int) -> ModelConfig:
-    """The ``ModelConfig`` of the ``model`` config node, with the data's vocabulary and the fixed special ids."""
-    fields = OmegaConf.to_container(model, resolve=True) if isinstance(model, DictConfig) else dict(model)
-    return ModelConfig.from_dict({**fields, "vocab_size": vocab_size, "pad_id": PAD_ID, "bos_id": BOS_ID,
-                                  "eos_id": EOS_ID})
-
-
-def build_module(cfg: DictConfig, model_config: ModelConfig, datamodule: Seq2SeqDataModule) -> LitSeq2Seq:
-    """``LitSeq2Seq`` with the ``module`` config node; ``module.metrics: null`` means the data's own metrics."""
-    from hybrid.training.module import LitSeq2Seq, default_sequence_metrics
-
-    options = OmegaConf.to_container(cfg.module, resolve=True)
-    if options.get("metrics") is None:
-        options["metrics"] = default_sequence_metrics(datamodule)
-    return LitSeq2Seq(model_config.to_dict(), tokenizer=datamodule.tokenizer, **options)
-
-
-def build_trainer(cfg: DictConfig) -> Trainer:
-    """The Trainer of the ``trainer`` node, with every callback of ``callbacks`` and logger of ``logger``
-    (one set to null, e.g. ``callbacks.early_stopping=null``, is left out)."""
-    callbacks = [instantiate(node) for node in (cfg.get("callbacks") or {}).values() if node is not None]
-    loggers = [instantiate(node) for node in (cfg.get("logger") or {}).values() if node is not None]
-    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, _convert_="all")
-
-
-def resolve_ckpt_path(cfg: DictConfig) -> str | None:
-    """``cfg.ckpt_path``, with ``"last"`` resolved to the newest ``checkpoints/last.ckpt`` of this run's
-    own folder or, failing that, of any earlier run of the same name (under ``paths.run_dir``)."""
-    if cfg.ckpt_path != "last":
-        return cfg.ckpt_path
-    own = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
-    if own.is_file():
-        return str(own)
-    earlier = sorted(Path(cfg.paths.run_dir).glob("*/checkpoints/last.ckpt"), key=lambda path: path.stat().st_mtime)
-    if not earlier:
-        raise FileNotFoundError(f"ckpt_path=last: no checkpoints/last.ckpt in {cfg.paths.output_dir} or in the runs "
-                                f"under {cfg.paths.run_dir}; give the checkpoint's path instead")
-    return str(earlier[-1])
-
-
-def print_examples(model: Seq2Seq, datamodule: Seq2SeqDataModule, count: int) -> None:
-    """Print ``count`` test sources with the model's greedy prediction, the reference, and the median
-    decoding time per generated token, one source at a time (batch 1, the latency case)."""
-    datamodule.setup("test")
-    tokenizer, examples = datamodule.tokenizer, datamodule.datasets["test"][:count]
-    model.eval()
-    device = next(model.parameters()).device
-
-    def decode(source_ids: list[int]) -> torch.Tensor:
-        return model.generate(torch.tensor([source_ids], device=device), max_new_tokens=2 * len(source_ids) + 10)
-
-    decode(examples[0].source_ids)  # warm-up: the first call pays for allocations
-    rows, seconds_per_token = [], []
-    for example in examples:
-        begin = time.perf_counter()
-        ids = decode(example.source_ids)
-        seconds_per_token.append((time.perf_counter() - begin) / ids.shape[1])
-        prediction = tokenizer.decode(ids[0])
-        rows.append((example.source, prediction, example.target, "ok" if prediction == example.target else "x"))
-    widths = [max(len(row[column]) for row in rows) for column in range(2)]
-    print(f"{'source':<{widths[0]}}  {'prediction':<{widths[1]}}  reference")
-    for source, prediction, reference, mark in rows:
-        print(f"{source:<{widths[0]}}  {prediction:<{widths[1]}}  {reference}  {mark}")
-    print(f"greedy decoding, one source at a time on {device.type}: "
-          f"{1000 * statistics.median(seconds_per_token):.2f} ms per generated token (median over {len(rows)})")
-
-
 # ----- generate --------------------------------------------------------------------------
 
 
@@ -223,28 +153,6 @@ def run_generate(cfg: DictConfig) -> bool:
     return run_bulk_ddp(model, tokenizer, cfg.input, cfg.output, job, trainer, **options)
 
 
-def predict(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, sources: Sequence[str], batch_size: int = 64,
-            **options: Any) -> list[list[str]]:
-    """The decoded texts of each source (``num_return_sequences`` of them), in the order given.
-
-    Sources are decoded ``batch_size`` at a time in order of length, so a batch carries little
-    padding; ``options`` are :func:`hybrid.generation.generate`'s. An empty source gets empty texts.
-    """
-    copies = options.get("num_return_sequences", 1)
-    device = next(model.parameters()).device
-    encoded = [tokenizer.encode_source(source) for source in sources]
-    predictions = [[""] * copies for _ in sources]
-    order = sorted((index for index, ids in enumerate(encoded) if ids), key=lambda index: len(encoded[index]))
-    for first in range(0, len(order), batch_size):
-        indices = order[first:first + batch_size]
-        rows = [torch.tensor(encoded[index]) for index in indices]
-        src_ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=PAD_ID).to(device)
-        texts = tokenizer.batch_decode(model.generate(src_ids, src_ids.ne(PAD_ID), **options))
-        for position, index in enumerate(indices):
-            predictions[index] = texts[position * copies:(position + 1) * copies]
-    return predictions
-
-
 # ----- bench, export and demo --------------------------------------------------------------
 
 
@@ -270,26 +178,11 @@ def export(args: argparse.Namespace) -> None:
 
 def demo(args: argparse.Namespace) -> None:
     """Build one small random model per decoder kind and time greedy decoding of each, side by side."""
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(args.threads)
-    src = torch.randint(3, args.vocab_size, (args.batch_size, args.source_length))
-    print(f"batch {args.batch_size}, source length {args.source_length}, up to {args.max_new_tokens} new tokens, "
-          f"{torch.get_num_threads()} threads, median of {args.repeats} runs after a warm-up")
-    rows = [("lstm decoder", "lstm", True), ("attention decoder, KV cache", "attention", True)]
-    if args.uncached:
-        rows.append(("attention decoder, no cache", "attention", False))
-    for label, mixers, use_cache in rows:
-        config = ModelConfig(vocab_size=args.vocab_size, d_model=args.d_model, n_heads=args.n_heads,
-                             d_ff=4 * args.d_model, decoder_mixers=mixers, dropout=0.0)
-        model = Seq2Seq(config).eval()
-        model.generate(src, max_new_tokens=args.max_new_tokens, use_cache=use_cache)  # warm-up
-        timings = []
-        for _ in range(args.repeats):
-            begin = time.perf_counter()
-            out = model.generate(src, max_new_tokens=args.max_new_tokens, use_cache=use_cache)
-            timings.append((time.perf_counter() - begin) / out.shape[1])
-        print(f"  {label:<30} {1000 * statistics.median(timings):7.3f} ms/token "
-              f"({out.shape[1]} steps, {model.num_parameters():,} parameters)")
+    from hybrid.bench.demo import demo as run
+
+    run(batch_size=args.batch_size, source_length=args.source_length, max_new_tokens=args.max_new_tokens,
+        d_model=args.d_model, n_heads=args.n_heads, vocab_size=args.vocab_size, repeats=args.repeats,
+        threads=args.threads, seed=args.seed, uncached=args.uncached)
 
 
 # ----- convert and ablate ----------------------------------------------------------------
@@ -310,22 +203,6 @@ def convert_checkpoint(args: argparse.Namespace) -> None:
     print(summary(model, converted, fresh))
     print(f"wrote {args.output}: fine-tune with hybrid fit init_from={args.output} (add "
           "callbacks.freeze_copied_weights.steps=K to train only the new mixers for the first K steps)")
-
-
-def write_checkpoint(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, path: str | os.PathLike) -> Path:
-    """Write ``model`` and ``tokenizer`` as ``LitSeq2Seq`` checkpoints hold them (plain data and tensors,
-    read with ``weights_only=True``), atomically: a temporary file beside ``path``, then a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint = {"state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
-                  "model_config": model.config.to_dict(), "tokenizer": tokenizer.to_json_str(), "global_step": 0}
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        torch.save(checkpoint, temporary)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-    return path
 
 
 def ablate(args: argparse.Namespace) -> None:
