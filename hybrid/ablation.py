@@ -10,7 +10,6 @@ subtracted, median of the repeats). The ablation experiments are ``configs/exper
 
 from __future__ import annotations
 
-import argparse
 import csv
 import datetime
 import functools
@@ -335,16 +334,17 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
         return [{key: value(text) for key, text in row.items()} for row in csv.DictReader(handle)]
 
 
-def run_ablate(args: argparse.Namespace) -> list[Path]:
-    """``hybrid ablate RUNS... --out DIR``: collect, write the table and the plot, print the table."""
-    torch.set_num_threads(args.threads)
-    rows = collect(args.runs, batch=args.batch_size, new_tokens=args.new_tokens, source_length=args.source_length,
-                   repeats=args.repeats)
-    note = (f"Decoding: greedy, batch {args.batch_size}, {args.new_tokens} new tokens, source length "
-            f"{args.source_length}, median of {args.repeats} repeats, CPU ({platform.processor() or platform.machine()}"
+def ablate(runs: Sequence[str | Path], output_dir: str | Path, *, batch_size: int, new_tokens: int,
+           source_length: int, repeats: int, threads: int) -> list[Path]:
+    """Collect the runs under ``runs`` (see :func:`collect`, whose decoding-speed settings the keywords are,
+    timed on ``threads`` torch threads), write the table and the plot into ``output_dir``, print the table."""
+    torch.set_num_threads(threads)
+    rows = collect(runs, batch=batch_size, new_tokens=new_tokens, source_length=source_length, repeats=repeats)
+    note = (f"Decoding: greedy, batch {batch_size}, {new_tokens} new tokens, source length "
+            f"{source_length}, median of {repeats} repeats, CPU ({platform.processor() or platform.machine()}"
             f"), {torch.get_num_threads()} threads, torch {torch.__version__}, "
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}.")
-    paths = write_results(rows, args.out, note)
+    paths = write_results(rows, output_dir, note)
     print(markdown_table(rows))
     print("wrote " + ", ".join(map(str, paths)))
     return paths

@@ -12,7 +12,8 @@ from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 
 from hybrid import Seq2Seq
-from hybrid.cli import qualify_generation_option, run_fit
+from hybrid.cli.generate import qualify_generation_option
+from hybrid.cli.train import run_fit
 from hybrid.training import Seq2SeqTokenizer
 
 # A model and data small enough that a run is mostly the interpreter starting: 4 steps per epoch.
@@ -77,7 +78,8 @@ def test_test_command_scores_a_checkpoint(first_run):
 def test_export_then_generate_round_trip(first_run, tmp_path):
     checkpoint = first_run / "checkpoints" / "last.ckpt"
     exported = tmp_path / "exported"
-    hybrid("export", str(checkpoint), str(exported), cwd=tmp_path)
+    hybrid("export", f"ckpt_path={checkpoint}", f"output={exported}", cwd=tmp_path)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["exported"]  # no run folder, no log file
     model, tokenizer = Seq2Seq.from_pretrained(exported), Seq2SeqTokenizer.load(exported)
     expected = [decode_alone(model, tokenizer, source, max_new_tokens=12) for source in SOURCES]
     assert expected[1] == ""  # an empty source gets an empty prediction
@@ -95,7 +97,8 @@ def test_export_then_generate_round_trip(first_run, tmp_path):
 
 
 def test_exported_model_loads_without_lightning_or_hydra(first_run, tmp_path):
-    hybrid("export", str(first_run / "checkpoints" / "last.ckpt"), str(tmp_path / "exported"), cwd=tmp_path)
+    checkpoint = first_run / "checkpoints" / "last.ckpt"
+    hybrid("export", f"ckpt_path={checkpoint}", f"output={tmp_path / 'exported'}", cwd=tmp_path)
     script = (
         "import sys; sys.modules['lightning'] = sys.modules['hydra'] = sys.modules['omegaconf'] = None\n"
         "import torch\n"

@@ -9,12 +9,15 @@ import torch
 from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hybrid import ModelConfig, Seq2Seq
-from hybrid.cli import GENERATION_OPTIONS, build_trainer, model_config_from, run_fit
+from hybrid.cli import VERBS
+from hybrid.cli.generate import GENERATION_OPTIONS
+from hybrid.cli.train import run_fit
 from hybrid.generation.config import GenerationConfig
 from hybrid.training import G2PDataModule, SyntheticDataModule
+from hybrid.training.builders import build_trainer, model_config_from
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = importlib.resources.files("hybrid.configs")
@@ -102,6 +105,26 @@ def test_generation_node_lists_every_command_line_option(tmp_path):
     cfg = compose_config(["ckpt_path=unused"], tmp_path, config_name="generate")
     assert set(cfg.generation) == GENERATION_OPTIONS
     assert GENERATION_OPTIONS < {f.name for f in dataclasses.fields(GenerationConfig)}
+
+
+ROOT_CONFIGS = sorted(entry.name.removesuffix(".yaml") for entry in CONFIGS.iterdir() if entry.name.endswith(".yaml"))
+
+
+def test_every_verb_has_a_root_config_and_every_root_config_a_verb():
+    assert {verb.config for verb in VERBS.values()} == set(ROOT_CONFIGS)
+
+
+@pytest.mark.parametrize("name", ROOT_CONFIGS)
+def test_every_root_config_composes(name):
+    with initialize_config_module(config_module="hybrid.configs", version_base="1.3"):
+        cfg = compose(name, return_hydra_config=True)
+    HydraConfig().set_config(cfg)  # lets the run folder's ${hydra:...} resolve, as under `hybrid fit`
+    required = {key for key in cfg if key != "hydra" and OmegaConf.is_missing(cfg, key)}
+    assert required == {"config": set(), "generate": {"ckpt_path"}, "export": {"ckpt_path", "output"},
+                        "convert": {"ckpt_path", "pattern", "output"}, "ablate": {"runs"}}.get(name, set())
+    in_place = name not in ("config", "generate")  # the verbs without a run folder (configs/hydra/in_place.yaml)
+    assert (cfg.hydra.run.dir == "." and cfg.hydra.output_subdir is None) == in_place
+    assert ("file" in cfg.hydra.job_logging.handlers) != in_place
 
 
 @pytest.mark.parametrize("experiment", options("experiment"))

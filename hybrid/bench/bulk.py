@@ -404,15 +404,9 @@ def markdown_table(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_bench_bulk(cfg) -> Path:
-    """The ``hybrid bench-bulk`` command: run, then write ``results.json`` and ``results.md`` to ``output_dir``."""
-    from omegaconf import OmegaConf
-
-    settings = OmegaConf.to_container(cfg, resolve=True)
-    results = run_bulk_benchmark(settings)
-    directory = Path(settings["output_dir"])
+def write_results(results: dict[str, Any], directory: str | Path) -> list[Path]:
+    """``results.json`` (everything) and ``results.md`` (the tables, as :func:`markdown_table` writes them)."""
+    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    write_atomically(directory / "results.json", json.dumps(results, indent=2) + "\n")
-    write_atomically(directory / "results.md", markdown_table(results))
-    print(markdown_table(results))
-    return directory
+    return [write_atomically(directory / "results.json", json.dumps(results, indent=2) + "\n"),
+            write_atomically(directory / "results.md", markdown_table(results))]
