@@ -13,6 +13,7 @@ import gzip
 import io
 import os
 import secrets
+import stat
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -32,16 +33,19 @@ def write_atomically(path: str | os.PathLike, content: str | bytes | Callable[[P
     it). The file is flushed to disk and renamed over ``path``, then the folder is synced so that the
     rename survives a power cut too (where the platform can sync a folder). On any failure the
     temporary file is removed and ``path`` is left as it was. The new file gets the mode a plain
-    ``open()`` would give it (0o666 less the umask). Returns ``path``.
+    ``open()`` would give it (0o666 less the umask), even where the writer swaps in a file of its
+    own. Returns ``path``.
     """
     path = Path(path)
     temporary, handle = _create_beside(path)
     try:
+        mode = stat.S_IMODE(os.fstat(handle).st_mode)  # open()'s mode: the kernel took the umask off
         with os.fdopen(handle, "wb") as file:
             if not callable(content):
                 file.write(content.encode("utf-8") if isinstance(content, str) else content)
         if callable(content):
             content(temporary)
+            os.chmod(temporary, mode)  # a writer may replace the file with one of its own (safetensors: 0o600)
         _sync_file(temporary)
         os.replace(temporary, path)
     except BaseException:

@@ -1,5 +1,6 @@
 """Atomic writes land whole or not at all, with open()'s mode; gzip is told by its bytes; one input-format rule."""
 
+import functools
 import gzip
 import io
 import os
@@ -8,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from hybrid.files import detect_format, open_input, write_atomically
 
@@ -69,10 +71,12 @@ def test_the_mode_is_what_open_gives_under_the_umask(tmp_path, umask):
             pass
         write_atomically(tmp_path / "text", "x")
         write_atomically(tmp_path / "written", lambda temporary: temporary.write_bytes(b"x"))
+        # safetensors writes a 0o600 file of its own and renames it over the path it is given
+        write_atomically(tmp_path / "replaced.safetensors", functools.partial(save_file, {"x": torch.zeros(2)}))
     finally:
         os.umask(previous)
     expected = 0o666 & ~umask
-    for name in ("plain", "text", "written"):
+    for name in ("plain", "text", "written", "replaced.safetensors"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == expected, name
 
 
