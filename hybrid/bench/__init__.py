@@ -1,5 +1,5 @@
-"""The decoding benchmarks: ``hybrid bench`` (contenders, runner, profiling, plots), ``hybrid bench-bulk``
-(bulk) and ``hybrid demo`` (demo); this package re-exports the runner's entry points."""
+"""The decoding benchmarks: ``hybrid bench`` (contenders.py, runner.py, profiling.py, plots.py),
+``hybrid bench-bulk`` (bulk.py) and ``hybrid demo`` (demo.py); the runner's entry points are re-exported."""
 
 from hybrid.bench.runner import headline, print_table, run_benchmark, write_results
 

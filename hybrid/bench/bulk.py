@@ -1,4 +1,4 @@
-"""``hybrid bench-bulk``: sequences/s of a bulk job, four ways, for the LSTM and attention decoders.
+"""``hybrid bench-bulk``: sequences/s of a bulk job, five ways, for the LSTM and attention decoders.
 
 The same sources are decoded five ways, all with at most ``batch_size`` rows:
 

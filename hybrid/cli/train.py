@@ -1,7 +1,7 @@
 """``hybrid fit``, ``hybrid validate`` and ``hybrid test``: Lightning's verbs on the composed ``config.yaml``.
 
 Each builds the data module, the model and the Trainer from the config (:mod:`hybrid.training.builders`)
-and hands them to Lightning; Lightning itself is imported only here, when one of these verbs runs.
+and hands them to Lightning, which is imported when one of these verbs runs (:func:`_import_lightning`).
 """
 
 from __future__ import annotations
