@@ -10,9 +10,10 @@ subtracted, median of the repeats). The ablation experiments are ``configs/exper
 
 from __future__ import annotations
 
-import argparse
 import csv
 import datetime
+import functools
+import io
 import json
 import logging
 import platform
@@ -25,6 +26,7 @@ import torch
 from lightning import Callback, LightningModule, Trainer
 from omegaconf import OmegaConf
 
+from hybrid.files import write_atomically
 from hybrid.model import Seq2Seq
 from hybrid.training.checkpoint import read_checkpoint
 
@@ -72,7 +74,7 @@ class TrainingClock(Callback):
                  "global_step": trainer.global_step}
         path = Path(trainer.default_root_dir) / CLOCK_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(clock, indent=2) + "\n")
+        write_atomically(path, json.dumps(clock, indent=2) + "\n")
 
 
 # ----- collecting runs ---------------------------------------------------------------------
@@ -301,16 +303,17 @@ def write_results(rows: Sequence[dict[str, Any]], directory: str | Path, note: s
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     fields = [*columns_of(rows), *sorted({key for row in rows for key in row} - set(columns_of(rows)))]
-    with open(directory / "ablations.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomically(directory / "ablations.csv", table.getvalue())
     checks = "".join(f"- {check['task']}: {check['target']} ({check['needed']}): {check['measured']}, "
                      f"{VERDICTS[check['met']]}\n" for check in targets(rows))
-    (directory / "ablations.md").write_text((note + "\n\n" if note else "") + markdown_table(rows)
-                                            + ("\nTargets:\n\n" + checks if checks else ""))
+    write_atomically(directory / "ablations.md", (note + "\n\n" if note else "") + markdown_table(rows)
+                     + ("\nTargets:\n\n" + checks if checks else ""))
     figure = pareto_figure(rows)
-    figure.savefig(directory / "pareto.png", dpi=120)
+    write_atomically(directory / "pareto.png", functools.partial(figure.savefig, dpi=120))
     return [directory / "ablations.csv", directory / "ablations.md", directory / "pareto.png"]
 
 
@@ -331,16 +334,17 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
         return [{key: value(text) for key, text in row.items()} for row in csv.DictReader(handle)]
 
 
-def run_ablate(args: argparse.Namespace) -> list[Path]:
-    """``hybrid ablate RUNS... --out DIR``: collect, write the table and the plot, print the table."""
-    torch.set_num_threads(args.threads)
-    rows = collect(args.runs, batch=args.batch_size, new_tokens=args.new_tokens, source_length=args.source_length,
-                   repeats=args.repeats)
-    note = (f"Decoding: greedy, batch {args.batch_size}, {args.new_tokens} new tokens, source length "
-            f"{args.source_length}, median of {args.repeats} repeats, CPU ({platform.processor() or platform.machine()}"
+def ablate(runs: Sequence[str | Path], output_dir: str | Path, *, batch_size: int, new_tokens: int,
+           source_length: int, repeats: int, threads: int) -> list[Path]:
+    """Collect the runs under ``runs`` (see :func:`collect`, whose decoding-speed settings the keywords are,
+    timed on ``threads`` torch threads), write the table and the plot into ``output_dir``, print the table."""
+    torch.set_num_threads(threads)
+    rows = collect(runs, batch=batch_size, new_tokens=new_tokens, source_length=source_length, repeats=repeats)
+    note = (f"Decoding: greedy, batch {batch_size}, {new_tokens} new tokens, source length "
+            f"{source_length}, median of {repeats} repeats, CPU ({platform.processor() or platform.machine()}"
             f"), {torch.get_num_threads()} threads, torch {torch.__version__}, "
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}.")
-    paths = write_results(rows, args.out, note)
+    paths = write_results(rows, output_dir, note)
     print(markdown_table(rows))
     print("wrote " + ", ".join(map(str, paths)))
     return paths

@@ -21,15 +21,14 @@ from hybrid.model import Seq2Seq
 def parse_pattern(pattern: str | Sequence[str], layers: int) -> list[str]:
     """A decoder pattern as one mixer name per layer.
 
-    Accepted forms: one name for every layer (``"lstm"``); a comma-separated list with one
-    name per layer (``"lstm,lstm,attention"``); or layer ranges (``"0-2:lstm,3:attention"``)
-    that cover every layer exactly once.
+    Accepted forms: one name for every layer (``"lstm"``); one name per layer (``"lstm,lstm,attention"``
+    or a list); or layer ranges that cover every layer exactly once (``"0-2:lstm,3:attention"`` or
+    a list of such parts, as Hydra's ``pattern=[0-2:lstm,3:attention]`` gives it).
     """
-    if not isinstance(pattern, str):
-        names = list(pattern)
-    elif ":" in pattern:
+    parts = [part.strip() for part in (pattern.split(",") if isinstance(pattern, str) else pattern)]
+    if any(":" in part for part in parts):
         names = [""] * layers
-        for part in pattern.split(","):
+        for part in parts:
             span, _, name = part.partition(":")
             match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", span)
             if not match:
@@ -44,10 +43,8 @@ def parse_pattern(pattern: str | Sequence[str], layers: int) -> list[str]:
         missing = [i for i, name in enumerate(names) if not name]
         if missing:
             raise ValueError(f"pattern leaves decoder layers {missing} without a mixer; name every layer")
-    elif "," in pattern:
-        names = [name.strip() for name in pattern.split(",")]
     else:
-        names = [pattern.strip()] * layers
+        names = parts * layers if len(parts) == 1 else parts
     if len(names) != layers:
         raise ValueError(f"pattern names {len(names)} layers but the model has {layers} decoder layers")
     for name in names:

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gzip
 import hashlib
-import io
 import itertools
 import json
 import logging
@@ -38,6 +36,7 @@ from typing import Any, TextIO
 
 import torch
 
+from hybrid.files import INPUT_FORMATS, detect_format, open_input, write_atomically
 from hybrid.generation.bulk import RefillDecoder, Source, bucketed_batches, pad_sources
 from hybrid.generation.config import GenerationConfig
 from hybrid.model import Seq2Seq
@@ -45,7 +44,7 @@ from hybrid.training.tokenizer import Seq2SeqTokenizer
 
 logger = logging.getLogger(__name__)
 
-FORMATS = ("auto", "text", "tsv", "jsonl")
+FORMATS = ("auto", *INPUT_FORMATS)
 
 
 @dataclass
@@ -78,38 +77,11 @@ class BulkJob:
 # ----- input ---------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def open_input(path: str | os.PathLike | None) -> Iterator[TextIO]:
-    """A text stream of ``path``, or of standard input for None or "-"; gzip is recognised by its magic bytes."""
-    with contextlib.ExitStack() as stack:
-        raw = sys.stdin.buffer if path is None or str(path) == "-" else stack.enter_context(open(path, "rb"))
-        if raw.peek(2)[:2] == b"\x1f\x8b":
-            raw = stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb"))
-        text = io.TextIOWrapper(raw, encoding="utf-8")
-        try:
-            yield text
-        finally:
-            text.detach()  # the exit stack closes what this function opened; standard input stays open
-
-
-def _detect_format(path: str | os.PathLike | None, first_line: str) -> str:
-    name = "" if path is None else str(path).removesuffix(".gz")
-    if name.endswith((".jsonl", ".json")):
-        return "jsonl"
-    if name.endswith(".tsv"):
-        return "tsv"
-    if name.endswith(".txt"):
-        return "text"
-    if first_line.lstrip().startswith("{"):
-        return "jsonl"
-    return "tsv" if "\t" in first_line else "text"
-
-
 def read_sources(path: str | os.PathLike | None, input_format: str = "auto") -> Iterator[str]:
     """Every source of the input, one per line, streamed: the line (``text``), its first tab-separated
-    field (``tsv``) or its ``"source"`` (``jsonl``). ``auto`` goes by the file's suffix (``.txt``,
-    ``.tsv``, ``.jsonl``, before any ``.gz``), else by the first line. A blank line is an empty source,
-    so output line ``i`` always answers input line ``i``."""
+    field (``tsv``) or its ``"source"`` (``jsonl``). ``auto`` applies :func:`hybrid.files.detect_format`
+    (the name, else the first line). A blank line is an empty source, so output line ``i`` always
+    answers input line ``i``."""
     if input_format not in FORMATS:
         raise ValueError(f"input_format must be one of {FORMATS}, got {input_format!r}")
     with open_input(path) as stream:
@@ -117,7 +89,7 @@ def read_sources(path: str | os.PathLike | None, input_format: str = "auto") -> 
         first = next(lines, None)
         if first is None:
             return
-        kind = _detect_format(path, first) if input_format == "auto" else input_format
+        kind = detect_format(path, first) if input_format == "auto" else input_format
         for number, line in enumerate(itertools.chain([first], lines), start=1):
             if kind == "text":
                 yield line
@@ -176,21 +148,6 @@ class ShardReader:
 # ----- the work folder: shards, manifests, merge ----------------------------------------------
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, flush it to disk, then rename it over ``path``."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-
-
 class ShardStore:
     """A work folder of finished shards (``shard-<start>-<end>.txt``) and one manifest per worker.
 
@@ -230,7 +187,7 @@ class ShardStore:
 
     def save(self, shard: Shard, lines: list[str]) -> None:
         """Write a finished shard, then record it in this worker's manifest (each step atomic)."""
-        _write_atomically(self.shard_path(shard.start, shard.end), "".join(f"{line}\n" for line in lines))
+        write_atomically(self.shard_path(shard.start, shard.end), "".join(f"{line}\n" for line in lines))
         self.ranges = sorted([*self.ranges, [shard.start, shard.end]])
         self._save_manifest()
 
@@ -241,7 +198,7 @@ class ShardStore:
 
     def _save_manifest(self) -> None:
         manifest = {"job": self.fingerprint, "worker": self.worker, "total": self.total, "done": self.ranges}
-        _write_atomically(self.manifest_path, json.dumps(manifest, indent=1) + "\n")
+        write_atomically(self.manifest_path, json.dumps(manifest, indent=1) + "\n")
 
     def complete_ranges(self) -> list[tuple[int, int]] | None:
         """The finished ranges in order when they cover the whole input, else None."""
@@ -260,6 +217,12 @@ class ShardStore:
             covered = end
         return ranges if covered == total else None
 
+    def _concatenate(self, ranges: list[tuple[int, int]], path: Path) -> None:
+        with open(path, "wb") as file:
+            for start, end in ranges:
+                with open(self.shard_path(start, end), "rb") as shard:
+                    shutil.copyfileobj(shard, file)
+
     def merge(self, output: TextIO | str | os.PathLike, keep_shards: bool = False) -> bool:
         """Concatenate every shard, in input order, into ``output`` (a file: written atomically).
 
@@ -271,15 +234,7 @@ class ShardStore:
             return False
         try:
             if isinstance(output, (str, os.PathLike)):
-                path = Path(output)
-                handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-                with os.fdopen(handle, "wb") as file:
-                    for start, end in ranges:
-                        with open(self.shard_path(start, end), "rb") as shard:
-                            shutil.copyfileobj(shard, file)
-                    file.flush()
-                    os.fsync(file.fileno())
-                os.replace(temporary, path)
+                write_atomically(output, lambda temporary: self._concatenate(ranges, temporary))
             else:
                 for start, end in ranges:
                     output.write(self.shard_path(start, end).read_text(encoding="utf-8"))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -18,6 +17,7 @@ from safetensors.torch import load_model, save_model
 from torch import Tensor, nn
 
 from hybrid.config import ModelConfig
+from hybrid.files import write_atomically
 from hybrid.inputs import check_length, check_token_ids, source_mask
 from hybrid.layers import CrossAttention, EncoderSelfAttention, FeedForward
 from hybrid.mixers import MIXERS
@@ -225,8 +225,8 @@ class Seq2Seq(nn.Module):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         config_text = json.dumps(self.config.to_dict(), indent=2, sort_keys=True)
-        _write_atomically(directory / CONFIG_FILE, lambda path: path.write_text(config_text + "\n"))
-        _write_atomically(directory / WEIGHTS_FILE, lambda path: save_model(self, str(path)))
+        write_atomically(directory / CONFIG_FILE, config_text + "\n")
+        write_atomically(directory / WEIGHTS_FILE, lambda path: save_model(self, str(path)))
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, device: str | torch.device = "cpu") -> Seq2Seq:
@@ -239,15 +239,3 @@ class Seq2Seq(nn.Module):
         model = cls(config)
         load_model(model, str(directory / WEIGHTS_FILE), strict=True, device=str(device))
         return model.to(device).eval()
-
-
-def _write_atomically(path: Path, write) -> None:
-    """Write through a temporary file in the same folder, then rename: a crash never leaves half a file."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(handle)
-    try:
-        write(Path(temporary))
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

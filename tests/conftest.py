@@ -49,6 +49,12 @@ def tiny_model(decoder_mixers, seed: int = 0, **overrides) -> Seq2Seq:
     return model.eval()
 
 
+def decode_alone(model: Seq2Seq, tokenizer, text: str, **options) -> str:
+    """The model's output for ``text`` decoded on its own (batch 1, no padding): what batched decoding must match."""
+    ids = tokenizer.encode_source(text)
+    return tokenizer.decode(model.generate(torch.tensor([ids]), **options)[0]) if ids else ""
+
+
 def padded_batch(lengths: list[int], vocab: int = VOCAB, pad_id: int = 0, seed: int = 0) -> torch.Tensor:
     """Right-padded random ids (never special ids 0-2) with the given row lengths."""
     generator = torch.Generator().manual_seed(seed)

@@ -13,8 +13,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
 from hybrid.ablation import CLOCK_FILE, pareto_front, read_results, targets, write_results
-from hybrid.cli import main, run_fit, write_checkpoint
+from hybrid.cli import main
+from hybrid.cli.train import run_fit
 from hybrid.training import Seq2SeqTokenizer
+from hybrid.training.checkpoint import write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 ALPHABET = "abcdefghi"  # 4 specials + 9 letters: the tiny models' 13-token vocabulary
@@ -55,8 +57,8 @@ def runs(tmp_path_factory) -> Path:
 
 def test_ablate_gathers_every_run_into_a_table_and_a_plot(runs, tmp_path, capsys):
     out = tmp_path / "results"
-    main(["ablate", str(runs), "--out", str(out), "--batch-size", "2", "--new-tokens", "4", "--source-length", "5",
-          "--repeats", "1"])
+    main(["ablate", f"runs={runs}", f"output_dir={out}", "batch_size=2", "new_tokens=4", "source_length=5",
+          "repeats=1"])
     rows = read_results(out / "ablations.csv")
     assert [(row["task"], row["run"]) for row in rows] == [
         ("copy", "ablate_copy_attention"), ("copy", "ablate_copy_lstm"), ("g2p", "ablate_g2p_lstm")]

@@ -1,18 +1,22 @@
 """The `hybrid` command end to end: fit, resume, test, export, generate, sweeps and DDP, each in a subprocess."""
 
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import decode_alone
 from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 
 from hybrid import Seq2Seq
-from hybrid.cli import predict, qualify_generation_option, run_fit
+from hybrid.cli.generate import qualify_generation_option
+from hybrid.cli.train import run_fit
 from hybrid.training import Seq2SeqTokenizer
+from hybrid.training.checkpoint import load_for_inference
 
 # A model and data small enough that a run is mostly the interpreter starting: 4 steps per epoch.
 TINY = ["experiment=copy_hybrid", "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.encoder_layers=1",
@@ -76,9 +80,10 @@ def test_test_command_scores_a_checkpoint(first_run):
 def test_export_then_generate_round_trip(first_run, tmp_path):
     checkpoint = first_run / "checkpoints" / "last.ckpt"
     exported = tmp_path / "exported"
-    hybrid("export", str(checkpoint), str(exported), cwd=tmp_path)
+    hybrid("export", f"ckpt_path={checkpoint}", f"output={exported}", cwd=tmp_path)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["exported"]  # no run folder, no log file
     model, tokenizer = Seq2Seq.from_pretrained(exported), Seq2SeqTokenizer.load(exported)
-    expected = [texts[0] for texts in predict(model, tokenizer, SOURCES, max_new_tokens=12)]
+    expected = [decode_alone(model, tokenizer, source, max_new_tokens=12) for source in SOURCES]
     assert expected[1] == ""  # an empty source gets an empty prediction
 
     (tmp_path / "sources.txt").write_text("\n".join(SOURCES) + "\n")
@@ -94,17 +99,25 @@ def test_export_then_generate_round_trip(first_run, tmp_path):
 
 
 def test_exported_model_loads_without_lightning_or_hydra(first_run, tmp_path):
-    hybrid("export", str(first_run / "checkpoints" / "last.ckpt"), str(tmp_path / "exported"), cwd=tmp_path)
+    checkpoint = first_run / "checkpoints" / "last.ckpt"
+    hybrid("export", f"ckpt_path={checkpoint}", f"output={tmp_path / 'exported'}", cwd=tmp_path)
+    sources = [source for source in SOURCES if source]
     script = (
-        "import sys; sys.modules['lightning'] = sys.modules['hydra'] = sys.modules['omegaconf'] = None\n"
+        "import json, sys; sys.modules['lightning'] = sys.modules['hydra'] = sys.modules['omegaconf'] = None\n"
         "import torch\n"
         "from hybrid import Seq2Seq\n"
         "from hybrid.training import Seq2SeqTokenizer\n"
         "model, tokenizer = Seq2Seq.from_pretrained('exported'), Seq2SeqTokenizer.load('exported')\n"
-        "ids = torch.tensor([tokenizer.encode_source('abc')])\n"
-        "print(tokenizer.decode(model.generate(ids, max_new_tokens=8)[0]))\n"
+        f"ids = [model.generate(torch.tensor([tokenizer.encode_source(s)]), max_new_tokens=8)[0].tolist()"
+        f" for s in {sources!r}]\n"
+        "print(json.dumps({'ids': ids, 'texts': [tokenizer.decode(row) for row in ids]}))\n"
     )
-    subprocess.run([sys.executable, "-c", script], cwd=tmp_path, check=True, capture_output=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, check=True, capture_output=True,
+                            text=True, timeout=60)
+    model, tokenizer = load_for_inference(checkpoint)  # the checkpoint itself, decoded in this process
+    expected = [model.generate(torch.tensor([tokenizer.encode_source(s)]), max_new_tokens=8)[0].tolist()
+                for s in sources]
+    assert json.loads(result.stdout) == {"ids": expected, "texts": [tokenizer.decode(ids) for ids in expected]}
 
 
 def test_init_from_starts_a_new_run_from_the_weights(first_run, tmp_path):

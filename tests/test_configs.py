@@ -1,4 +1,5 @@
-"""Every Hydra config composes and instantiates, and every experiment runs with fast_dev_run on the CPU."""
+"""Every Hydra config composes and instantiates, every model config builds the model it describes, and every
+experiment runs with fast_dev_run on the CPU."""
 
 import dataclasses
 import importlib.resources
@@ -9,12 +10,15 @@ import torch
 from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from hybrid import ModelConfig, Seq2Seq
-from hybrid.cli import GENERATION_OPTIONS, build_trainer, model_config_from, run_fit
+from hybrid import MIXERS, ModelConfig, Seq2Seq
+from hybrid.cli import VERBS
+from hybrid.cli.generate import GENERATION_OPTIONS
+from hybrid.cli.train import run_fit
 from hybrid.generation.config import GenerationConfig
 from hybrid.training import G2PDataModule, SyntheticDataModule
+from hybrid.training.builders import build_trainer, model_config_from
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = importlib.resources.files("hybrid.configs")
@@ -52,11 +56,22 @@ def test_plain_hybrid_fit_trains_the_all_lstm_hybrid_on_g2p(tmp_path):
 
 
 @pytest.mark.parametrize("option", options("model"))
-def test_every_model_builds(option, tmp_path):
-    cfg = compose_config([f"model={option}"], tmp_path)
-    config = model_config_from(cfg.model, vocab_size=40)
+def test_every_model_builds_what_its_config_says(option, tmp_path):
+    node = compose_config([f"model={option}"], tmp_path).model
+    config = model_config_from(node, vocab_size=40)
     assert config.pad_id == 0 and config.bos_id == 1 and config.eos_id == 2
-    assert Seq2Seq(config).num_parameters() > 0
+    model = Seq2Seq(config).eval()
+    mixers = node.decoder_mixers
+    mixers = [mixers] * node.decoder_layers if isinstance(mixers, str) else list(mixers)
+    assert [type(layer.mixer) for layer in model.decoder_layers] == [MIXERS[name] for name in mixers]
+    assert len(model.encoder_layers) == node.encoder_layers and model.embed.weight.shape == (40, node.d_model)
+    for layer in model.decoder_layers:
+        assert layer.ffn.fc_in.out_features == node.d_ff and layer.cross.n_heads == node.n_heads
+        if isinstance(layer.mixer, MIXERS["lstm"]):
+            assert layer.mixer.lstm.hidden_size == (node.lstm_hidden_size or node.d_model)
+    assert (model.lm_head.weight is model.embed.weight) == node.tie_embeddings
+    src, tgt = torch.randint(3, 40, (2, 7)), torch.randint(3, 40, (2, 5))
+    assert model(src, tgt).shape == (2, 5, 40)
 
 
 def test_model_node_holds_the_model_config_fields(tmp_path):
@@ -102,6 +117,26 @@ def test_generation_node_lists_every_command_line_option(tmp_path):
     cfg = compose_config(["ckpt_path=unused"], tmp_path, config_name="generate")
     assert set(cfg.generation) == GENERATION_OPTIONS
     assert GENERATION_OPTIONS < {f.name for f in dataclasses.fields(GenerationConfig)}
+
+
+ROOT_CONFIGS = sorted(entry.name.removesuffix(".yaml") for entry in CONFIGS.iterdir() if entry.name.endswith(".yaml"))
+
+
+def test_every_verb_has_a_root_config_and_every_root_config_a_verb():
+    assert {verb.config for verb in VERBS.values()} == set(ROOT_CONFIGS)
+
+
+@pytest.mark.parametrize("name", ROOT_CONFIGS)
+def test_every_root_config_composes(name):
+    with initialize_config_module(config_module="hybrid.configs", version_base="1.3"):
+        cfg = compose(name, return_hydra_config=True)
+    HydraConfig().set_config(cfg)  # lets the run folder's ${hydra:...} resolve, as under `hybrid fit`
+    required = {key for key in cfg if key != "hydra" and OmegaConf.is_missing(cfg, key)}
+    assert required == {"config": set(), "generate": {"ckpt_path"}, "export": {"ckpt_path", "output"},
+                        "convert": {"ckpt_path", "pattern", "output"}, "ablate": {"runs"}}.get(name, set())
+    in_place = name not in ("config", "generate")  # the verbs without a run folder (configs/hydra/in_place.yaml)
+    assert (cfg.hydra.run.dir == "." and cfg.hydra.output_subdir is None) == in_place
+    assert ("file" in cfg.hydra.job_logging.handlers) != in_place
 
 
 @pytest.mark.parametrize("experiment", options("experiment"))

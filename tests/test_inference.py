@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import decode_alone, tiny_model
 
 from hybrid import inference
 from hybrid.generation.bulk import RefillDecoder
@@ -64,11 +64,6 @@ def hybrid(*args: str, cwd: Path, stdin: str | None = None, timeout: float = 120
                             capture_output=True, text=True, timeout=timeout, env=ONE_THREAD)
     assert result.returncode == 0, f"hybrid generate {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
     return result
-
-
-def decode_alone(model, tokenizer, text: str, **options) -> str:
-    ids = tokenizer.encode_source(text)
-    return tokenizer.decode(model.generate(torch.tensor([ids]), **options)[0]) if ids else ""
 
 
 @pytest.mark.parametrize("name", ["plain.txt", "pairs.tsv", "pairs.jsonl", "pairs.tsv.gz", "pairs.jsonl.gz",

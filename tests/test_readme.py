@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hybrid.cli import VERBS
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
@@ -23,17 +25,25 @@ def test_readme_has_two_setup_commands_and_ci_runs_the_test_one():
     assert commands[1] in (ROOT / ".ci" / "run").read_text()
 
 
-def test_cli_help_lists_commands():
+def test_cli_help_lists_every_verb_on_a_line_of_its_own():
     result = subprocess.run([sys.executable, "-m", "hybrid.cli", "--help"], capture_output=True, text=True,
                             check=True)
-    assert "demo" in result.stdout
+    lines = result.stdout.splitlines()
+    for verb in VERBS:
+        assert sum(line.split()[:1] == [verb] for line in lines) == 1, verb
 
 
-def test_cli_demo_runs_on_a_tiny_model():
+def test_every_verb_is_in_the_readme():
+    for verb in VERBS:
+        assert f"hybrid {verb}" in README, verb
+
+
+def test_cli_demo_runs_on_a_tiny_model(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "hybrid.cli", "demo", "--max-new-tokens", "4", "--d-model", "16",
-         "--repeats", "1", "--uncached"], capture_output=True, text=True, check=True)
+        [sys.executable, "-m", "hybrid.cli", "demo", "max_new_tokens=4", "d_model=16", "repeats=1", "uncached=true"],
+        capture_output=True, text=True, check=True, cwd=tmp_path)
     assert result.stdout.count("ms/token") == 3
+    assert not list(tmp_path.iterdir())  # no run folder, no log file
 
 
 def test_the_readme_test_command_installs_every_optional_package_the_tests_import():

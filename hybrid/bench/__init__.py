@@ -1,4 +1,5 @@
-"""The decoding benchmark: contenders, runner, plots."""
+"""The decoding benchmarks: ``hybrid bench`` (contenders.py, runner.py, profiling.py, plots.py),
+``hybrid bench-bulk`` (bulk.py) and ``hybrid demo`` (demo.py); the runner's entry points are re-exported."""
 
 from hybrid.bench.runner import headline, print_table, run_benchmark, write_results
 

@@ -1,4 +1,4 @@
-"""``hybrid bench-bulk``: sequences/s of a bulk job, four ways, for the LSTM and attention decoders.
+"""``hybrid bench-bulk``: sequences/s of a bulk job, five ways, for the LSTM and attention decoders.
 
 The same sources are decoded five ways, all with at most ``batch_size`` rows:
 
@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from hybrid.bench.contenders import model_config
+from hybrid.files import write_atomically
 from hybrid.generation.bulk import RefillDecoder, Source, bucketed_batches, pad_sources
 from hybrid.model import Seq2Seq
 
@@ -402,15 +403,9 @@ def markdown_table(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_bench_bulk(cfg) -> Path:
-    """The ``hybrid bench-bulk`` command: run, then write ``results.json`` and ``results.md`` to ``output_dir``."""
-    from omegaconf import OmegaConf
-
-    settings = OmegaConf.to_container(cfg, resolve=True)
-    results = run_bulk_benchmark(settings)
-    directory = Path(settings["output_dir"])
+def write_results(results: dict[str, Any], directory: str | Path) -> list[Path]:
+    """``results.json`` (everything) and ``results.md`` (the tables, as :func:`markdown_table` writes them)."""
+    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (directory / "results.md").write_text(markdown_table(results))
-    print(markdown_table(results))
-    return directory
+    return [write_atomically(directory / "results.json", json.dumps(results, indent=2) + "\n"),
+            write_atomically(directory / "results.md", markdown_table(results))]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only; no display on servers or in CI
 import matplotlib.pyplot as plt  # noqa: E402
+
+from hybrid.files import write_atomically  # noqa: E402
 
 
 def _series(rows: list[dict], x: str, y: str, where: dict) -> dict[str, tuple[list, list]]:
@@ -61,8 +64,7 @@ def plot_all(results: dict, directory: Path) -> list[Path]:
     """Write every figure as a PNG into ``directory``."""
     paths = []
     for name, figure in figures(results).items():
-        path = Path(directory) / f"{name}.png"
-        figure.savefig(path, dpi=120)
+        path = write_atomically(Path(directory) / f"{name}.png", functools.partial(figure.savefig, dpi=120))
         plt.close(figure)
         paths.append(path)
     return paths

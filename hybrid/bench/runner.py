@@ -9,7 +9,9 @@ its own and subtracted, so ms/token is decoding only.
 
 from __future__ import annotations
 
+import csv
 import datetime
+import io
 import json
 import platform
 import resource
@@ -21,6 +23,7 @@ from pathlib import Path
 import torch
 
 from hybrid.bench.contenders import Contender, build_contenders
+from hybrid.files import write_atomically
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -249,19 +252,17 @@ def markdown_summary(results: dict) -> str:
 
 def write_results(results: dict, directory: Path) -> list[Path]:
     """results.json (everything), results.csv (the rows), summary.md and the plots."""
-    import csv
-
     from hybrid.bench.plots import plot_all
 
     directory.mkdir(parents=True, exist_ok=True)
     results = dict(results, headline=headline(results))
-    (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    with open(directory / "results.csv", "w", newline="") as handle:
-        fields = sorted({key for row in results["rows"] for key in row})
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(results["rows"])
-    (directory / "summary.md").write_text(markdown_summary(results))
+    write_atomically(directory / "results.json", json.dumps(results, indent=2) + "\n")
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=sorted({key for row in results["rows"] for key in row}))
+    writer.writeheader()
+    writer.writerows(results["rows"])
+    write_atomically(directory / "results.csv", table.getvalue())
+    write_atomically(directory / "summary.md", markdown_summary(results))
     return [directory / "results.json", directory / "results.csv", directory / "summary.md",
             *plot_all(results, directory)]
 

@@ -1,4 +1,5 @@
-"""Training: the Lightning module, the data modules, the tokenizer and the synthetic tasks.
+"""Training: the Lightning module, the data modules, the tokenizer and the synthetic tasks, plus what
+turns a config into them (``builders``) and a checkpoint into a model (``checkpoint``).
 
 The tokenizer and the tasks are plain Python. Everything that needs Lightning (``LitSeq2Seq``,
 the data modules) is imported on first use, so inference can load a tokenizer without Lightning.

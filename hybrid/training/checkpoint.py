@@ -1,4 +1,4 @@
-"""Trained models without Lightning: read a training checkpoint, load a model for inference, export.
+"""Trained models without Lightning: read and write training checkpoints, load a model for inference, export.
 
 A ``LitSeq2Seq`` checkpoint holds the weights under ``state_dict`` (prefixed ``model.``), the
 ``ModelConfig`` as a plain dict under ``model_config`` and the tokenizer as a JSON string under
@@ -7,6 +7,7 @@ A ``LitSeq2Seq`` checkpoint holds the weights under ``state_dict`` (prefixed ``m
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch
 from torch import Tensor
 
 from hybrid.config import ModelConfig
+from hybrid.files import write_atomically
 from hybrid.model import CONFIG_FILE, Seq2Seq
 from hybrid.training.tokenizer import Seq2SeqTokenizer
 
@@ -48,6 +50,16 @@ def read_checkpoint(path: str | os.PathLike) -> TrainedModel:
     return TrainedModel(ModelConfig.from_dict(checkpoint["model_config"]),
                         Seq2SeqTokenizer.from_json_str(checkpoint["tokenizer"]),
                         weights, checkpoint.get("global_step", 0))
+
+
+def write_checkpoint(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, path: str | os.PathLike) -> Path:
+    """Write ``model`` and ``tokenizer`` as a ``LitSeq2Seq`` checkpoint holds them (what :func:`read_checkpoint`
+    and ``hybrid fit init_from=...`` read: plain data and tensors, at step 0), atomically; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint = {"state_dict": {f"{_MODEL_PREFIX}{key}": value for key, value in model.state_dict().items()},
+                  "model_config": model.config.to_dict(), "tokenizer": tokenizer.to_json_str(), "global_step": 0}
+    return write_atomically(path, functools.partial(torch.save, checkpoint))
 
 
 def load_for_inference(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[Seq2Seq, Seq2SeqTokenizer]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gzip
 import json
 import logging
 import random
@@ -35,6 +34,7 @@ from lightning import LightningDataModule
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
+from hybrid.files import detect_format, open_input
 from hybrid.training.tasks import SyntheticTask
 from hybrid.training.tokenizer import BOS_ID, EOS_ID, PAD_ID, Seq2SeqTokenizer
 
@@ -362,14 +362,11 @@ class ParseReport:
         return f"{reason}: {count} (lines {', '.join(map(str, lines))}{more})"
 
 
-def detect_format(path: str | Path) -> Literal["tsv", "jsonl"]:
-    """The format, "tsv" or "jsonl", told from the file name: `.tsv` or `.jsonl`, optionally `.gz` after."""
-    name = Path(path).name.lower().removesuffix(".gz")
-    if name.endswith(".tsv"):
-        return "tsv"
-    if name.endswith(".jsonl"):
-        return "jsonl"
-    raise ValueError(f"cannot tell the format of {path} from its name; pass format='tsv' or 'jsonl'")
+def _parallel_format(path: str | Path) -> Literal["tsv", "jsonl"]:
+    """The format of a parallel-text file by :func:`hybrid.files.detect_format`: its name, else its first line."""
+    with open_input(path, encoding=None) as stream:
+        first_line = stream.readline().decode("utf-8", errors="replace")
+    return detect_format(path, first_line, allowed=("tsv", "jsonl"))
 
 
 def _parse_line(line: str, format: str) -> Pair | str:
@@ -396,13 +393,15 @@ def _parse_line(line: str, format: str) -> Pair | str:
 
 def read_parallel_file(path: str | Path, format: str = "auto") -> tuple[list[Pair], ParseReport]:
     """Read `(source, target)` pairs from a TSV (`source<TAB>target`) or JSONL
-    (`{"source": ..., "target": ...}`) file, gzip-compressed if the name ends in `.gz`.
+    (`{"source": ..., "target": ...}`) file, gzip-compressed or not (told by its first bytes).
+    `format="auto"` goes by the file's name, else its first line (:func:`hybrid.files.detect_format`);
+    one that reads as plain text is refused with a `ValueError`.
 
     Bad lines are never fatal and never silently lost: each is skipped, counted by reason in the
     returned `ParseReport`, and the report is logged. Text is kept exactly as written apart from
     the line ending, since spaces can matter at the character level.
     """
-    format = detect_format(path) if format == "auto" else format
+    format = _parallel_format(path) if format == "auto" else format
     if format not in ("tsv", "jsonl"):
         raise ValueError(f"format must be 'auto', 'tsv' or 'jsonl', got {format!r}")
     report = ParseReport(str(path))
@@ -428,7 +427,7 @@ def read_parallel_file(path: str | Path, format: str = "auto") -> tuple[list[Pai
 
 def _read_lines(path: Path) -> Iterator[bytes]:
     # Bytes, so that one badly encoded line is skipped instead of aborting the whole file.
-    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as file:
+    with open_input(path, encoding=None) as file:
         yield from file
 
 

@@ -22,6 +22,8 @@ from typing import Literal
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from hybrid.files import write_atomically
+
 logger = logging.getLogger(__name__)
 
 Level = Literal["char", "space", "bpe"]
@@ -217,10 +219,10 @@ class Seq2SeqTokenizer:
         `tokenizers.Tokenizer.from_file`) and `levels.json` into `directory`, creating it if needed."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.source.save(str(directory / _SOURCE_FILE))
-        self.target.save(str(directory / _TARGET_FILE))
+        write_atomically(directory / _SOURCE_FILE, self.source.to_str(pretty=True))
+        write_atomically(directory / _TARGET_FILE, self.target.to_str(pretty=True))
         levels = {"source_level": self.source_level, "target_level": self.target_level}
-        (directory / _LEVELS_FILE).write_text(json.dumps(levels, indent=2) + "\n")
+        write_atomically(directory / _LEVELS_FILE, json.dumps(levels, indent=2) + "\n")
 
     @classmethod
     def load(cls, directory: str | Path) -> Seq2SeqTokenizer:

@@ -15,8 +15,9 @@ for task in g2p recall; do
     experiments=$(echo "${!arms}" | sed "s/\([a-z_]*\)/ablate_${task}_\1/g")
     # One process runs the arms in turn, each in $runs/$task/<n>_<name>; arm 0 is the transformer.
     hybrid fit -m "experiment=$experiments" "hydra.sweep.dir=$runs/$task"
-    hybrid convert "$runs/$task/0_ablate_${task}_attention/checkpoints/last.ckpt" lstm "$runs/$task/converted.ckpt"
+    hybrid convert "ckpt_path=$runs/$task/0_ablate_${task}_attention/checkpoints/last.ckpt" pattern=lstm \
+        "output=$runs/$task/converted.ckpt"
     hybrid fit "experiment=ablate_${task}_convert" "init_from=$runs/$task/converted.ckpt" \
         "hydra.run.dir=$runs/$task/convert"
 done
-hybrid ablate "$runs" --out results/ablations
+hybrid ablate "runs=$runs" output_dir=results/ablations

@@ -8,7 +8,8 @@ import torch
 from conftest import tiny_model
 from hydra import compose, initialize_config_module
 
-from hybrid.bench.bulk import MODES, markdown_table, plain_loop, run_bench_bulk, run_bulk_benchmark
+from hybrid.bench.bulk import MODES, markdown_table, plain_loop, run_bulk_benchmark
+from hybrid.cli.bench import run_bench_bulk
 from hybrid.generation.bulk import RefillDecoder
 from hybrid.training import Seq2SeqTokenizer
 

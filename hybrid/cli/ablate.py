@@ -1,0 +1,17 @@
+"""``hybrid ablate``: gather ``hybrid fit`` runs into a table and a Pareto plot (:mod:`hybrid.ablation`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from hybrid.ablation import ablate
+
+
+def run_ablate(cfg: DictConfig) -> list[Path]:
+    """Collect the runs under ``cfg.runs`` (a folder or a list of them) and write ``ablations.md``,
+    ``ablations.csv`` and ``pareto.png`` into ``cfg.output_dir`` (the composed ``ablate.yaml``)."""
+    runs = [cfg.runs] if isinstance(cfg.runs, str) else list(cfg.runs)
+    return ablate(runs, cfg.output_dir, batch_size=cfg.batch_size, new_tokens=cfg.new_tokens,
+                  source_length=cfg.source_length, repeats=cfg.repeats, threads=cfg.threads)

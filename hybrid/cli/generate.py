@@ -1,0 +1,51 @@
+"""``hybrid generate``: decode every line of a file or of standard input as a bulk job (:mod:`hybrid.inference`).
+
+Generation options may be given bare (``num_beams=4``) as well as under their node
+(``generation.num_beams=4``): :func:`qualify_generation_option` adds the node before Hydra reads them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from hybrid.generation.config import GenerationConfig
+from hybrid.training.checkpoint import load_for_inference
+
+GENERATION_OPTIONS = GenerationConfig.command_line_options()  # each field says whether a command line can set it
+
+
+def run_generate(cfg: DictConfig) -> bool:
+    """Decode every source of ``cfg.input`` (a file, or standard input) into ``cfg.output`` (a file, or
+    standard output), one line per source in input order, as a bulk job (:mod:`hybrid.inference`):
+    bucketed, batched by a token budget, refilled, resumable, split by ``shard=i/n`` or over DDP ranks
+    (``strategy=ddp devices=N``). Returns whether the output is complete."""
+    from hybrid.inference import BulkJob, run_bulk, run_bulk_ddp
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    model, tokenizer = load_for_inference(cfg.ckpt_path, device)
+    job = BulkJob(generation=OmegaConf.to_container(cfg.generation, resolve=True), max_tokens=cfg.max_tokens,
+                  max_batch_size=cfg.batch_size, window=cfg.window, refill=cfg.refill, shard_size=cfg.shard_size,
+                  seed=cfg.seed)
+    options = dict(input_format=cfg.input_format, shard=cfg.shard, work_dir=cfg.work_dir,
+                   keep_shards=cfg.keep_shards, progress=cfg.progress,
+                   fingerprint={"ckpt_path": str(Path(cfg.ckpt_path).resolve())})
+    if cfg.strategy is None:
+        return run_bulk(model, tokenizer, cfg.input, cfg.output, job, resume=cfg.resume, **options)
+    if not cfg.resume:
+        raise ValueError("resume=false would let every rank empty the work folder: delete it before the run")
+    trainer = dict(strategy=cfg.strategy, devices=cfg.devices, num_nodes=cfg.num_nodes,
+                   accelerator="cpu" if torch.device(device).type == "cpu" else "gpu")
+    return run_bulk_ddp(model, tokenizer, cfg.input, cfg.output, job, trainer, **options)
+
+
+def qualify_generation_option(override: str) -> str:
+    """``num_beams=4`` -> ``generation.num_beams=4``: generation options may be given without their node."""
+    match = re.fullmatch(r"([+~]{0,2})(\w+)(=.*)?", override, flags=re.S)
+    if match and match.group(2) in GENERATION_OPTIONS:
+        prefix, key, rest = match.groups()
+        return f"{prefix}generation.{key}{rest or ''}"
+    return override
