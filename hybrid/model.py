@@ -96,6 +96,9 @@ class Seq2Seq(nn.Module):
         self.apply(self._init_weights)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        # Set by optimize_for_inference: the exported CPU step, or CUDA-graph decoding on a GPU.
+        self.fast_step = None
+        self.cuda_graphs = False
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -159,10 +162,13 @@ class Seq2Seq(nn.Module):
         Feed the BOS token to the first :meth:`step`.
         """
         check_length("max_steps", max_steps, self.config.max_positions, "max_positions")
+        if self.fast_step is not None:
+            self.fast_step.check_weights()
         memory, key_mask = self.encode(src_ids, src_mask)
         batch, dtype = memory.shape[0], memory.dtype
         projected = [layer.cross.project_memory(memory) for layer in self.decoder_layers]
-        keys, values = [k for k, _ in projected], [v for _, v in projected]
+        # Contiguous, so that every step reads them in order (and the fast step can bind them by address).
+        keys, values = [k.contiguous() for k, _ in projected], [v.contiguous() for _, v in projected]
         mixer_states = [layer.mixer.allocate_state(batch, max_steps, memory.device, dtype)
                         for layer in self.decoder_layers]
         return DecodeState(mixer_states, keys, values, key_mask, max_steps)
@@ -198,6 +204,12 @@ class Seq2Seq(nn.Module):
         elif position.dim() > 1 or (position.dim() == 1 and position.shape[0] != token_ids.shape[0]):
             raise ValueError(f"position must be a 0-d tensor or hold one position per row ({token_ids.shape[0]}), "
                              f"got shape {tuple(position.shape)}")
+        if self.fast_step is not None:
+            return self.fast_step(token_ids, state, position)
+        return self._eager_step(token_ids, state, position)
+
+    def _eager_step(self, token_ids: Tensor, state: DecodeState, position: int | Tensor) -> Tensor:
+        """The step itself, in PyTorch: what the fast path exports, and runs when it is off."""
         x = self.embed(token_ids)  # (B, D)
         for index, layer in enumerate(self.decoder_layers):
             x = layer.step(x, index, state, position)
@@ -217,6 +229,29 @@ class Seq2Seq(nn.Module):
 
         return generate(self, src_ids, src_mask=src_mask, max_new_tokens=max_new_tokens,
                         use_cache=use_cache, **kwargs)
+
+    def optimize_for_inference(self, quantize: str | None = None) -> Seq2Seq:
+        """Switch this model to the fast decoding path and return it (in eval mode).
+
+        On a CPU, the decoder step is exported to ONNX and run by ONNX Runtime (:mod:`hybrid.fast`);
+        ``quantize="int8"`` gives its matrix products int8 weights. On a GPU, ``generate`` replays
+        the step from CUDA graphs (:mod:`hybrid.generation.cuda_graph`). Every path that steps the
+        model uses it: ``generate``, continuous refill and ``hybrid generate``. The export runs at
+        the first step of each rows-per-source (beams) and is paid once per process. The fast step
+        holds a copy of the weights: after changing them, call this again.
+        """
+        self.eval()
+        device = next(self.parameters()).device
+        if device.type == "cuda":
+            if quantize is not None:
+                raise ValueError("quantize is for the CPU path (ONNX Runtime); on a GPU use a bfloat16 or float16 "
+                                 "model, e.g. model.to(torch.bfloat16), with CUDA graphs")
+            self.fast_step, self.cuda_graphs = None, True
+            return self
+        from hybrid.fast import OnnxStep
+
+        self.fast_step, self.cuda_graphs = OnnxStep(self, quantize), False
+        return self
 
     # ----- persistence ---------------------------------------------------------------
 

@@ -80,3 +80,14 @@ def execute_notebook(path: Path) -> dict:
         if cell["cell_type"] == "code":
             exec(compile("".join(cell["source"]), path.name, "exec"), namespace)
     return namespace
+
+
+def compose_config(overrides: list[str], tmp_path: Path, config_name: str = "config"):
+    """The config `hybrid fit` (or the verb of ``config_name``) would run, with its output folder in tmp_path."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.hydra_config import HydraConfig
+
+    with initialize_config_module(config_module="hybrid.configs", version_base="1.3"):
+        cfg = compose(config_name, overrides=[*overrides, f"paths.output_dir={tmp_path}"], return_hydra_config=True)
+    HydraConfig().set_config(cfg)  # lets ${hydra:...} (the run name) resolve as under `hybrid fit`
+    return cfg

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import compose_config
 from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
@@ -28,14 +29,6 @@ TRAINING_GROUPS = ("model", "data", "trainer", "callbacks", "logger", "paths", "
 def options(group: str) -> list[str]:
     return sorted(entry.name.removesuffix(".yaml") for entry in CONFIGS.joinpath(group).iterdir()
                   if entry.name.endswith(".yaml"))
-
-
-def compose_config(overrides: list[str], tmp_path: Path, config_name: str = "config") -> DictConfig:
-    """The config `hybrid fit` would run, with its output folder in tmp_path."""
-    with initialize_config_module(config_module="hybrid.configs", version_base="1.3"):
-        cfg = compose(config_name, overrides=[*overrides, f"paths.output_dir={tmp_path}"], return_hydra_config=True)
-    HydraConfig().set_config(cfg)  # lets ${hydra:...} (the run name) resolve as under `hybrid fit`
-    return cfg
 
 
 def shrink_data(cfg: DictConfig) -> None:

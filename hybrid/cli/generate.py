@@ -27,12 +27,17 @@ def run_generate(cfg: DictConfig) -> bool:
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     model, tokenizer = load_for_inference(cfg.ckpt_path, device)
+    if cfg.optimize:
+        model.optimize_for_inference(cfg.quantize)
+    elif cfg.quantize:
+        raise ValueError("quantize needs optimize=true: quantized weights are part of the fast path")
     job = BulkJob(generation=OmegaConf.to_container(cfg.generation, resolve=True), max_tokens=cfg.max_tokens,
                   max_batch_size=cfg.batch_size, window=cfg.window, refill=cfg.refill, shard_size=cfg.shard_size,
                   seed=cfg.seed)
     options = dict(input_format=cfg.input_format, shard=cfg.shard, work_dir=cfg.work_dir,
                    keep_shards=cfg.keep_shards, progress=cfg.progress,
-                   fingerprint={"ckpt_path": str(Path(cfg.ckpt_path).resolve())})
+                   fingerprint={"ckpt_path": str(Path(cfg.ckpt_path).resolve()), "optimize": cfg.optimize,
+                                "quantize": cfg.quantize})
     if cfg.strategy is None:
         return run_bulk(model, tokenizer, cfg.input, cfg.output, job, resume=cfg.resume, **options)
     if not cfg.resume:

@@ -84,6 +84,10 @@ def _evaluate(cfg: DictConfig, verb: str) -> list[dict[str, float]]:
     datamodule.tokenizer = trained.tokenizer  # the ids the model was trained with
     module = build_module(cfg, trained.config, datamodule)
     module.model.load_state_dict(trained.state_dict)
+    if cfg.optimize:
+        module.model.optimize_for_inference(cfg.quantize)
+    elif cfg.quantize:
+        raise ValueError("quantize needs optimize=true: quantized weights are part of the fast path")
     trainer = build_trainer(cfg)
     results = getattr(trainer, verb)(module, datamodule=datamodule)
     if cfg.print_examples and trainer.is_global_zero:

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from hybrid.generation.config import GenerationConfig
 from hybrid.generation.rules import DecodingRules
+from hybrid.generation.stepping import Rows, advance
 
 
 @dataclass
@@ -98,57 +99,40 @@ class RefillDecoder:
         config = GenerationConfig.from_kwargs(**options)
         return _obstacles(config, DecodingRules(config, model.config))
 
-    def next_scores(self, logits: Tensor, tokens: Tensor, positions: Tensor) -> Tensor:
-        """The processed scores (B, vocab) of a step's ``logits``, given the ``tokens`` just fed (the only
-        column of ``input_ids`` the rules see) and how many ``positions`` each row has generated."""
-        return self.rules.process(tokens[:, None], logits.float(), positions)
-
     def next_tokens(self, logits: Tensor, tokens: Tensor, positions: Tensor) -> Tensor:
-        """Each row's next token (B,), chosen from :meth:`next_scores`."""
-        return self.rules.choose(self.next_scores(logits, tokens, positions))
+        """Each row's next token (B,) from its step's ``logits`` (B, vocab), the ``tokens`` just fed (the only
+        column of ``input_ids`` the rules see) and how many ``positions`` each row has generated."""
+        return self.rules.choose(self.rules.process(tokens[:, None], logits.float(), positions))
 
     @torch.inference_mode()
     def run(self, batches: Iterable[list[Source]]) -> Iterator[tuple[int, list[int]]]:
         """Decode every source; yields ``(index, ids)`` as each finishes (EOS included, no BOS)."""
-        model, config = self.model, self.config
+        model, config, rules = self.model, self.config, self.rules
         device = next(model.parameters()).device
         pad_id, bos_id = model.config.pad_id, model.config.bos_id
         incoming = _EncodedSources(model, (source for batch in batches for source in batch), self.slots, device)
-        length = config.max_new_tokens
 
         sources = list(itertools.islice(incoming.sources, self.slots))
         if not sources:
             return
-        state = model.start(pad_sources(sources, pad_id, device), max_steps=length)
+        state = model.start(pad_sources(sources, pad_id, device), max_steps=config.max_new_tokens)
         owners = [source.index for source in sources]  # which input each slot decodes
         source_lengths = [len(source.ids) for source in sources]  # on the host: how long the memory must be
-        rows = len(sources)
-        positions = torch.zeros(rows, dtype=torch.long, device=device)  # tokens generated per row
-        finished = torch.zeros(rows, dtype=torch.bool, device=device)
-        tokens = torch.full((rows,), bos_id, dtype=torch.long, device=device)
-        # One spare column: a finished row, waiting for the next check, writes padding there or after its end.
-        outputs = torch.full((rows, length + 1), pad_id, dtype=torch.long, device=device)
+        rows = Rows.start(len(sources), config.max_new_tokens, bos_id, rules.pad_id, device)
+        step_rows = _stepper(model, rules)
         interval = config.check_interval(device)
         step = 0
-        while rows:
-            # A finished row steps on (its position held below the cache's end) until the next check.
-            logits = model.step_unchecked(tokens, state, positions.clamp(max=length - 1))
-            scores = self.next_scores(logits, tokens, positions)
-            tokens = self.rules.choose(scores).masked_fill(finished, pad_id)
-            outputs.scatter_(1, positions[:, None], tokens[:, None])
-            positions += ~finished
-            ended = self.rules.ends(tokens, positions)
-            if self.rules.stopping:
-                ended |= self.rules.stops(tokens[:, None], scores)
-            finished |= ended
+        while len(owners):
+            step_rows(state, rows)
             step += 1
             if step % interval:
                 continue
-            done = finished.nonzero().flatten().tolist()  # the only host read, every `interval` steps
+            done = rows.finished.nonzero().flatten().tolist()  # the only host read, every `interval` steps
             if not done:
                 continue
             index = torch.tensor(done, dtype=torch.long, device=device)
-            for row, ids, generated in zip(done, outputs[index].tolist(), positions[index].tolist(), strict=True):
+            for row, ids, generated in zip(done, rows.outputs[index].tolist(), rows.positions[index].tolist(),
+                                           strict=True):
                 yield owners[row], ids[:generated]
                 source_lengths[row] = 0
             free = done
@@ -159,20 +143,25 @@ class RefillDecoder:
                     owners[row], source_lengths[row] = source.index, len(source.ids)
                 index = torch.tensor(slots, dtype=torch.long, device=device)
                 state.refill(index, fresh, fresh_rows, source_length=max(source_lengths))
-                positions[index] = 0
-                finished[index] = False
-                tokens[index] = bos_id
-                outputs[index] = pad_id
+                rows.restart(index, bos_id, rules.pad_id)
             if free:  # nothing left to read: the batch shrinks
-                keep = [row for row in range(rows) if row not in set(free)]
+                keep = [row for row in range(len(owners)) if row not in set(free)]
                 index = torch.tensor(keep, dtype=torch.long, device=device)
                 state.reorder(index)
                 owners = [owners[row] for row in keep]
                 source_lengths = [source_lengths[row] for row in keep]
-                positions, finished, tokens, outputs = positions[index], finished[index], tokens[index], outputs[index]
-                rows = len(keep)
-                if rows:
+                rows = rows.select(index)
+                if owners:
                     state.trim_source(max(source_lengths))
+
+
+def _stepper(model, rules: DecodingRules):
+    """One step of every row: the fast path's single exported call when the model has one that can run
+    these rules, else :func:`advance` over the model's step."""
+    fast = model.fast_step
+    if fast is not None and fast.can_advance(rules):
+        return lambda state, rows: fast.advance(rules, state, rows)
+    return lambda state, rows: advance(model.step_unchecked, rules, state, rows)
 
 
 def _obstacles(config: GenerationConfig, rules: DecodingRules) -> list[str]:

@@ -15,7 +15,6 @@ import torch
 from torch import Tensor
 
 from hybrid.generation.config import GenerationConfig
-from hybrid.generation.engine import GenerateOutput, decode
 from hybrid.generation.sessions import StaticSession
 
 
@@ -70,18 +69,17 @@ class CUDAGraphSession(StaticSession):
 
 
 @torch.inference_mode()
-def generate_with_cuda_graph(model, src_ids: Tensor, src_mask: Tensor | None = None,
-                             **options) -> Tensor | GenerateOutput:
-    """:func:`hybrid.generation.generate` (greedy or sampling, any processor) through a captured step.
+def generate_with_cuda_graph(model, src_ids: Tensor, src_mask: Tensor | None = None, **options):
+    """:func:`hybrid.generation.generate` (greedy, sampling or beam search, any processor) through a
+    captured step, as ``generate`` itself does for a model on a GPU after ``optimize_for_inference()``.
 
-    Beam search is refused: it reorders the rows of the state every step, which the captured
-    graph's fixed buffers do not allow. The batch never shrinks, so this pays off where launches,
-    not rows, set the cost: small batches on a GPU.
+    Beam search reorders the beams of each source in place, so the graph's buffers keep their
+    addresses. The batch never shrinks, so this pays off where launches, not rows, set the cost:
+    small batches on a GPU.
     """
+    from hybrid.generation.engine import decode
+
     config = GenerationConfig.from_kwargs(**options)
-    if config.num_beams > 1:
-        raise ValueError("CUDA-graph decoding does not support beam search (num_beams > 1): it reorders the "
-                         "state's rows every step; use generate()")
     if not config.use_cache:
         raise ValueError("CUDA-graph decoding steps the cached state; use_cache=False is the uncached loop")
     return decode(model, src_ids, src_mask, config, CUDAGraphSession)

@@ -18,6 +18,7 @@ from torch import Tensor
 from hybrid.generation.config import GenerationConfig
 from hybrid.generation.rules import DecodingRules
 from hybrid.generation.sessions import CachedSession, UncachedSession
+from hybrid.generation.stepping import Rows
 from hybrid.inputs import check_length, check_token_ids, source_mask
 
 
@@ -48,7 +49,20 @@ def generate(model, src_ids: Tensor, src_mask: Tensor | None = None, **options) 
     Every option is checked before any compute. Padding and BOS are never generated.
     """
     config = GenerationConfig.from_kwargs(**options)
-    return decode(model, src_ids, src_mask, config, CachedSession if config.use_cache else UncachedSession)
+    return decode(model, src_ids, src_mask, config, _session_class(model, config, src_ids.device))
+
+
+def _session_class(model, config: GenerationConfig, device: torch.device) -> type:
+    """Where the logits come from: the rerun decoder (``use_cache=False``), a CUDA graph replayed per token
+    (a model on a GPU after ``optimize_for_inference``), or the cached state stepped eagerly (or by the
+    CPU fast path, which ``Seq2Seq.step_unchecked`` runs by itself)."""
+    if not config.use_cache:
+        return UncachedSession
+    if model.cuda_graphs and device.type == "cuda":
+        from hybrid.generation.cuda_graph import CUDAGraphSession
+
+        return CUDAGraphSession
+    return CachedSession
 
 
 def decode(model, src_ids: Tensor, src_mask: Tensor | None, config: GenerationConfig,
@@ -60,7 +74,12 @@ def decode(model, src_ids: Tensor, src_mask: Tensor | None, config: GenerationCo
     src_mask = source_mask(src_ids, src_mask, model_config.pad_id)
     run = _Run(model, config, src_ids)
     session = session_class(model, src_ids, src_mask, run.total_steps)
-    search = _beam_search if config.num_beams > 1 else _sample
+    if config.num_beams > 1:
+        search = _beam_search
+    elif session_class is CachedSession and _one_call_per_token(model, run):
+        search = _greedy_rows
+    else:
+        search = _sample
     output = search(run, session)
     if config.streamer is not None:
         config.streamer.end()
@@ -162,6 +181,36 @@ def _sample(run: _Run, session) -> GenerateOutput:
                           sequences_scores=all_logprobs)
 
 
+def _one_call_per_token(model, run: _Run) -> bool:
+    """Whether the fast path can decode this call with one exported call per token: plain greedy decoding
+    whose rules read only lengths, one sequence per source, nothing forced, streamed or returned besides ids."""
+    config = run.config
+    fast = model.fast_step
+    return (fast is not None and fast.can_advance(run.rules) and config.decoder_input_ids is None
+            and config.num_return_sequences == 1 and config.streamer is None and not config.return_dict_in_generate)
+
+
+def _greedy_rows(run: _Run, session) -> GenerateOutput:
+    """Greedy decoding as rows that the fast path advances in one call per token (``_one_call_per_token``);
+    finished rows leave the batch at each check, as in :func:`_sample`, which it equals token for token."""
+    rules, fast, max_new_tokens = run.rules, session.model.fast_step, run.config.max_new_tokens
+    rows = Rows.start(run.sources, max_new_tokens, run.bos_id, run.pad_id, run.device)
+    output = rows.outputs.clone()
+    index = torch.arange(run.sources, device=run.device)  # original row of each working row
+    for step in range(max_new_tokens):
+        fast.advance(rules, session.state, rows)
+        if run.is_check_step(step) and bool(rows.finished.any()):
+            output.index_copy_(0, index, rows.outputs)
+            keep = (~rows.finished).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            session.reorder(keep)
+            rows, index = rows.select(keep), index[keep]
+    output.index_copy_(0, index, rows.outputs)
+    return GenerateOutput(sequences=_trim(output[:, :max_new_tokens], run.pad_id), scores=None,
+                          sequences_scores=torch.zeros(run.sources, device=run.device))
+
+
 def _beam_search(run: _Run, session) -> GenerateOutput:
     """Beam search as transformers' ``GenerationMixin._beam_search`` does it, vectorised over sources.
 
@@ -247,7 +296,7 @@ def _beam_search(run: _Run, session) -> GenerateOutput:
             keep_groups = (~closed[sources]).nonzero().squeeze(1)
             if keep_groups.numel() == 0:
                 break
-            if keep_groups.numel() < groups:
+            if keep_groups.numel() < groups and not session.keeps_every_row:
                 keep = (keep_groups[:, None] * beams + beam_offsets).flatten()
                 session.reorder(keep)
                 sources, beam_scores = sources[keep_groups], beam_scores[keep_groups]

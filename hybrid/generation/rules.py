@@ -32,6 +32,7 @@ beside them.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -54,6 +55,8 @@ from hybrid.generation.processors import (
 )
 from hybrid.generation.stopping import StoppingCriteriaList
 from hybrid.inputs import check_token_ids
+
+_SUPPRESSED = "padding and BOS, never generated"
 
 
 @dataclass
@@ -133,7 +136,8 @@ class DecodingRules:
     def ends(self, tokens: Tensor, generated: Tensor) -> Tensor:
         """Rows that end with ``tokens``: an EOS id, or the ``generated`` count (these tokens included)
         reaching ``max_new_tokens``. Any shape; ``generated`` broadcasts against ``tokens``."""
-        return torch.isin(tokens, self.eos_tensor(tokens.device)) | (generated >= self.max_new_tokens)
+        is_eos = (tokens[..., None] == self.eos_tensor(tokens.device)).any(dim=-1)  # isin, in ops every exporter has
+        return is_eos | (generated >= self.max_new_tokens)
 
     def stops(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         """The user's stopping criteria (rows,) on ``input_ids`` that end with a generated token."""
@@ -145,6 +149,29 @@ class DecodingRules:
             probabilities = F.softmax(scores, dim=-1)
             return torch.multinomial(probabilities, 1, generator=self.config.generator).squeeze(1)
         return scores.argmax(dim=-1)
+
+    def with_length_limits(self, min_new_tokens: int | Tensor, max_new_tokens: int | Tensor) -> DecodingRules:
+        """These rules with other length limits, ints or 0-d tensors: the fast path exports the rules once
+        with the limits as inputs of the graph, so one export serves every ``max_new_tokens``."""
+        rules = copy.copy(self)
+        rules.max_new_tokens = max_new_tokens
+        rules.chain = [rule for rule in self.chain if not isinstance(rule, _MinNewTokens)]
+        rules.chain.insert(self._min_length_slot(), _MinNewTokens(min_new_tokens, self.eos_ids))
+        return rules
+
+    def _min_length_slot(self) -> int:
+        """Where the minimum-length rule stands in the chain: after the penalties and bans, before the rest."""
+        for index, rule in enumerate(self.chain):
+            if isinstance(rule, _MinNewTokens) or rule.name == _SUPPRESSED:
+                return index
+        return len(self.chain)
+
+    @property
+    def reads_only_lengths(self) -> bool:
+        """True when every rule is the minimum length or the suppressed ids, and the choice is greedy: then the
+        rules depend on nothing but the counts, and the fast path can run them inside its graph."""
+        plain = all(isinstance(rule, _MinNewTokens) or rule.name == _SUPPRESSED for rule in self.chain)
+        return plain and not self.config.do_sample and not self.stopping
 
     def continuous_batching_obstacles(self) -> list[str]:
         """The rules that rows at different positions cannot honour, by name; empty when refill can run."""
@@ -197,7 +224,7 @@ def _processor_chain(config: GenerationConfig, eos_ids: list[int], suppressed: l
     if config.min_new_tokens > 0:
         built_in.append(_MinNewTokens(config.min_new_tokens, eos_ids))
     if suppressed:
-        built_in.append(_Processor(SuppressTokensLogitsProcessor(suppressed), "padding and BOS, never generated"))
+        built_in.append(_Processor(SuppressTokensLogitsProcessor(suppressed), _SUPPRESSED))
     users = list(config.logits_processor or [])
     chain, used = [], []
     for rule in built_in:

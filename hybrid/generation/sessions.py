@@ -81,7 +81,14 @@ class StaticSession:
         return logits
 
     def reorder(self, index: Tensor) -> None:
-        raise ValueError("a static session keeps every row: its batch cannot be reordered or shrunk")
+        """Reorder rows within their sources, in place (beam search): the tensors a captured graph reads
+        keep their addresses. Dropping rows, or moving them between sources, is refused."""
+        if index.shape[0] != self.state.batch_size or self.state.group_size == 1:
+            raise ValueError("a static session keeps every row: it reorders the rows of each source in place "
+                             "(beams), but cannot drop rows or reorder sources")
+        for mixer_state in self.state.mixer_states:
+            for tensor in mixer_state.tensors():
+                tensor.copy_(tensor.index_select(0, index))
 
     def expand(self, group_size: int) -> None:
         self.state.expand(group_size)

@@ -44,10 +44,12 @@ def test_every_mixer_takes_each_form_of_position(mixer):
     dict(), dict(min_new_tokens=5, eos_token_id=[2, 7]), dict(repetition_penalty=1.3, no_repeat_ngram_size=2),
     dict(decoder_input_ids=torch.tensor([[1, 5, 6], [1, 8, 0], [1, 0, 0]])),
     dict(do_sample=True, top_k=4, num_return_sequences=2, min_new_tokens=10),
-], ids=["greedy", "min-length-eos-list", "penalties", "forced-prefix", "sampling"])
+    dict(num_beams=3, num_return_sequences=2), dict(num_beams=2, length_penalty=0.5, early_stopping=True),
+], ids=["greedy", "min-length-eos-list", "penalties", "forced-prefix", "sampling", "beams", "beams-early"])
 def test_a_batch_that_keeps_every_row_decodes_like_generate(mixer_pattern, options):
-    # What the CUDA-graph loop runs, without the capture: finished rows step on, fed padding. Sampling
-    # lets no row end early, so both draw from the generator in the same order.
+    # What the CUDA-graph loop runs, without the capture: finished rows step on, fed padding, and beams
+    # are reordered in place. Sampling lets no row end early, so both draw from the generator in the
+    # same order.
     model = tiny_model(mixer_pattern, seed=6)
     src = padded_batch([5, 2, 7], seed=6)
     sampled = {"generator": torch.Generator().manual_seed(0)} if options.get("do_sample") else {}
@@ -64,21 +66,24 @@ def test_a_static_session_refuses_to_shrink():
         session.reorder(torch.tensor([0]))
 
 
-def test_cuda_graph_refuses_a_cpu_state_and_beam_search():
+def test_cuda_graphs_refuse_a_cpu_state():
     model = tiny_model(["lstm"])
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
         CUDAGraphStep(model, model.start(padded_batch([3]), max_steps=4))
-    with pytest.raises(ValueError, match="does not support beam search"):
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
         generate_with_cuda_graph(model, padded_batch([3]), num_beams=2)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("options", [dict(), dict(min_new_tokens=24), dict(no_repeat_ngram_size=2)])
+@pytest.mark.parametrize("options", [dict(), dict(min_new_tokens=24), dict(no_repeat_ngram_size=2),
+                                     dict(num_beams=3, num_return_sequences=2)])
 def test_cuda_graph_decoding_equals_eager_generate(mixer_pattern, options):
     model = tiny_model(mixer_pattern, seed=6).cuda()
     src = padded_batch([5, 2, 7], seed=6).cuda()
-    graphed = generate_with_cuda_graph(model, src, max_new_tokens=24, **options)
-    assert torch.equal(graphed, model.generate(src, max_new_tokens=24, **options))
+    eager = model.generate(src, max_new_tokens=24, **options)
+    assert torch.equal(generate_with_cuda_graph(model, src, max_new_tokens=24, **options), eager)
+    model.optimize_for_inference()  # generate itself now replays the captured step
+    assert model.cuda_graphs and torch.equal(model.generate(src, max_new_tokens=24, **options), eager)
 
 
 def test_rows_at_different_positions_step_like_each_row_alone(mixer_pattern):

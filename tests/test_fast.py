@@ -1,0 +1,121 @@
+"""The fast path (ONNX Runtime on a CPU) equals the eager path, for every mixer, on padded batches.
+
+fp32: the step's logits within 1e-4 of the eager step's and the same tokens from every decoding
+path; int8: judged on quality, the G2P phoneme error rate within half a point of fp32.
+"""
+
+import pytest
+import torch
+from conftest import MIXER_PATTERNS, padded_batch, pattern_id, tiny_model
+
+from hybrid.generation.bulk import RefillDecoder, Source
+
+pytest.importorskip("onnxruntime")
+
+LENGTHS = [6, 2, 4, 5]
+
+
+@pytest.fixture(scope="module", params=MIXER_PATTERNS, ids=pattern_id)
+def pair(request):
+    """The same tiny model twice: eager, and on the fast path (each export is paid once per module)."""
+    return tiny_model(request.param, seed=31), tiny_model(request.param, seed=31).optimize_for_inference()
+
+
+def test_the_fast_step_gives_the_eager_logits(pair):
+    eager, fast = pair
+    src, tgt = padded_batch(LENGTHS, seed=32), padded_batch([9] * 4, seed=33)
+    states = [model.start(src, max_steps=9) for model in pair]
+    for t in range(9):
+        expected, got = (model.step_unchecked(tgt[:, t], state) for model, state in zip(pair, states, strict=True))
+        assert (got - expected).abs().max().item() <= 1e-4
+    # Rows at their own positions (continuous refill) and beams (rows that share a source).
+    positions = torch.tensor([3, 0, 5, 1])
+    states = [model.start(src, max_steps=9) for model in pair]
+    expected, got = (model.step_unchecked(tgt[:, 0], state, positions) for model, state in zip(pair, states,
+                                                                                                strict=True))
+    assert (got - expected).abs().max().item() <= 1e-4
+    states = [model.start(src, max_steps=9) for model in pair]
+    for state in states:
+        state.expand(3)
+    for t in range(3):
+        tokens = tgt[:, t].repeat_interleave(3)
+        expected, got = (model.step_unchecked(tokens, state) for model, state in zip(pair, states, strict=True))
+        assert (got - expected).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("options", [
+    dict(), dict(min_new_tokens=5, eos_token_id=[2, 7], pad_token_id=4), dict(repetition_penalty=1.3),
+    dict(num_beams=3, num_return_sequences=2), dict(do_sample=True, top_p=0.9, num_return_sequences=2),
+    dict(decoder_input_ids=torch.tensor([[1, 5, 6], [1, 8, 0], [1, 0, 0], [1, 4, 4]])),
+], ids=["greedy", "lengths-eos-pad", "penalty", "beams", "sampling", "forced-prefix"])
+def test_fast_generate_equals_eager_generate(pair, options):
+    eager, fast = pair
+    src = padded_batch(LENGTHS, seed=34)
+
+    def run(model):
+        seeded = {"generator": torch.Generator().manual_seed(0)} if options.get("do_sample") else {}
+        return model.generate(src, max_new_tokens=16, **options, **seeded)
+
+    assert torch.equal(run(fast), run(eager))
+
+
+def test_plain_greedy_takes_one_exported_call_per_token(pair):
+    eager, fast = pair
+    src = padded_batch(LENGTHS, seed=35)
+    calls = []
+    original = fast.fast_step.advance
+    fast.fast_step.advance = lambda *args: calls.append(1) or original(*args)
+    try:
+        out = fast.generate(src, max_new_tokens=12)
+    finally:
+        fast.fast_step.advance = original
+    assert torch.equal(out, eager.generate(src, max_new_tokens=12))
+    assert len(calls) == out.shape[1]  # one call per generated column, nothing else stepped the model
+
+
+@pytest.mark.parametrize("options", [dict(), dict(do_sample=True, top_k=5), dict(min_new_tokens=4)])
+def test_fast_refill_equals_eager_refill(pair, options):
+    sources = [Source(i, padded_batch([n], seed=36 + i)[0].tolist()) for i, n in enumerate([3, 7, 1, 5, 2, 6, 4])]
+
+    def run(model):
+        seeded = {"generator": torch.Generator().manual_seed(0)} if options.get("do_sample") else {}
+        return dict(RefillDecoder(model, slots=3, max_new_tokens=10, **options, **seeded).run([sources]))
+
+    assert run(pair[1]) == run(pair[0])
+
+
+def test_the_fast_path_refuses_weights_changed_after_it_was_made():
+    model = tiny_model(["lstm"], seed=37).optimize_for_inference()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2)
+    with pytest.raises(ValueError, match="weights changed after optimize_for_inference"):
+        model.generate(padded_batch([3]), max_new_tokens=2)
+    model.optimize_for_inference()  # made again, it decodes the new weights
+    assert model.generate(padded_batch([3]), max_new_tokens=2).shape[0] == 1
+
+
+def test_bad_fast_path_options_are_refused():
+    with pytest.raises(ValueError, match="quantize must be one of"):
+        tiny_model(["lstm"]).optimize_for_inference("int4")
+    with pytest.raises(ValueError, match="float32"):
+        tiny_model(["lstm"]).double().optimize_for_inference()
+
+
+def test_int8_keeps_the_g2p_phoneme_error_rate_within_half_a_point(tmp_path):
+    # The Quickstart's recipe, smaller: `hybrid test` scores the checkpoint eager, fp32-fast and int8.
+    from conftest import compose_config
+
+    from hybrid.cli.train import run_fit, run_test
+
+    small = ["experiment=quickstart", "data.max_words=8000", "trainer.max_epochs=2", "model.d_model=64",
+             "model.d_ff=256", "print_examples=0", "test_after_fit=false", "callbacks.progress_bar=null",
+             "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "logger=csv"]
+    trainer = run_fit(compose_config(small, tmp_path))
+    checkpoint = trainer.checkpoint_callback.best_model_path
+    per = {}
+    for name, fast in [("eager", []), ("fp32", ["optimize=true"]), ("int8", ["optimize=true", "quantize=int8"])]:
+        (scores,) = run_test(compose_config([*small, f"ckpt_path={checkpoint}", *fast], tmp_path / name))
+        per[name] = scores["test/per"]
+    assert per["eager"] < 0.6  # it learned something, so that the comparison means something
+    assert per["fp32"] == pytest.approx(per["eager"], abs=1e-3)
+    assert abs(per["int8"] - per["fp32"]) <= 0.005, per
