@@ -25,7 +25,7 @@ class Contender:
     name: str
     parameters: int
     prefill: Callable[[Tensor], object]  # encoder + cross-attention keys/values (+ state allocation)
-    generate: Callable[[Tensor, int], Tensor]  # greedy, exactly N new tokens
+    generate: Callable[[Tensor, int], Tensor]  # greedy: (batch, N) new token ids, no start token
     state_bytes: Callable[[int, int, int], int]  # (batch, source_length, new_tokens) -> bytes
     max_new_tokens: int | None = None  # longer cells are skipped (the uncached loop is quadratic)
     model: torch.nn.Module | None = None
@@ -100,8 +100,9 @@ def hugging_face_bart(shape: dict, device, dtype, max_new_tokens: int | None) ->
     layers, width, element = shape["decoder_layers"], shape["d_model"], torch.finfo(dtype).bits // 8
 
     def generate(src: Tensor, new_tokens: int) -> Tensor:
-        return model.generate(src, attention_mask=torch.ones_like(src), max_new_tokens=new_tokens,
-                              min_new_tokens=new_tokens, do_sample=False, num_beams=1)
+        output = model.generate(src, attention_mask=torch.ones_like(src), max_new_tokens=new_tokens,
+                                min_new_tokens=new_tokens, do_sample=False, num_beams=1)
+        return output[:, 1:]  # the new tokens, like every contender: not the decoder start token
 
     def prefill(src: Tensor):
         return model.get_encoder()(input_ids=src, attention_mask=torch.ones_like(src))

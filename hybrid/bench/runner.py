@@ -33,12 +33,13 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(device: torch.device, call) -> float:
+def _timed(device: torch.device, call) -> tuple[float, object]:
+    """Seconds that ``call()`` takes on ``device``, and what it returned."""
     _synchronize(device)
     begin = time.perf_counter()
-    call()
+    result = call()
     _synchronize(device)
-    return time.perf_counter() - begin
+    return time.perf_counter() - begin, result
 
 
 def git_commit() -> str:
@@ -62,13 +63,13 @@ def _device_name(device: torch.device) -> str:
 
 
 def measure_cell(contender: Contender, src: torch.Tensor, new_tokens: int, device: torch.device) -> dict:
-    """One timed repeat: prefill alone, then the whole generate call."""
+    """One timed repeat: prefill alone, then the whole generate call, whose new tokens are counted."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    prefill = _timed(device, lambda: contender.prefill(src))
-    total = _timed(device, lambda: contender.generate(src, new_tokens))
+    prefill, _ = _timed(device, lambda: contender.prefill(src))
+    total, tokens = _timed(device, lambda: contender.generate(src, new_tokens))
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    return {"prefill_s": prefill, "total_s": total, "peak_bytes": peak}
+    return {"prefill_s": prefill, "total_s": total, "peak_bytes": peak, "decoded_tokens": tokens.shape[-1]}
 
 
 def run_benchmark(settings: dict) -> dict:
@@ -161,6 +162,9 @@ def _memory_budget_sweep(contenders: list[Contender], settings: dict, device: to
 
 def _summarise(contender: Contender, repeats: list[dict], batch: int, new_tokens: int, settings: dict,
                device: torch.device) -> dict:
+    decoded = {r["decoded_tokens"] for r in repeats}
+    if decoded != {new_tokens}:  # every row must do the same work
+        raise RuntimeError(f"{contender.name} decoded {sorted(decoded)} tokens where the cell asks for {new_tokens}")
     prefill_ms = [1000 * r["prefill_s"] for r in repeats]
     # Decoding = the whole call minus the prefill it contains. Each prefill timing is one short
     # measurement, the noisiest of the cell, and noise (preemption, a busy neighbour) only ever adds

@@ -8,7 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import execute_notebook
+
+from hybrid.bench.contenders import Contender, hugging_face_bart
+from hybrid.bench.runner import _summarise, measure_cell
 
 ROOT = Path(__file__).resolve().parents[2]
 NUMBERS = ["ms_per_token", "ms_per_token_min", "ms_per_token_max", "tokens_per_s", "prefill_ms"]
@@ -38,6 +42,22 @@ def test_results_file_schema_and_values(tiny_results):
     assert {check["target"] for check in results["headline"]}
     for name in ("results.csv", "ms_per_token.png", "throughput.png", "memory.png", "config.yaml"):
         assert (tiny_results / name).stat().st_size > 0, name
+
+
+def test_the_transformers_row_returns_only_the_new_tokens():
+    pytest.importorskip("transformers")
+    shape = {"vocab_size": 32, "d_model": 16, "n_heads": 2, "d_ff": 32, "encoder_layers": 1, "decoder_layers": 2,
+             "max_positions": 64}
+    row = hugging_face_bart(shape, "cpu", torch.float32, max_new_tokens=None)
+    assert row.generate(torch.randint(3, 32, (2, 5)), 7).shape == (2, 7)
+
+
+def test_a_contender_that_decodes_other_than_n_tokens_is_refused():
+    short = Contender("short", 1, prefill=lambda src: None, generate=lambda src, n: torch.zeros(len(src), n - 1),
+                      state_bytes=lambda *shape: 1)
+    repeats = [measure_cell(short, torch.ones(2, 3, dtype=torch.long), 8, torch.device("cpu"))]
+    with pytest.raises(RuntimeError, match="short decoded \\[7\\] tokens where the cell asks for 8"):
+        _summarise(short, repeats, 2, 8, {"source_length": 3}, torch.device("cpu"))
 
 
 def test_parameter_matched_lstm_matches_attention(tiny_results):
