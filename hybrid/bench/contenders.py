@@ -2,6 +2,8 @@
 
 Every contender shares width, depth, heads, FFN size, vocabulary, dtype and device, so
 a row differs from another only in how the decoder mixes tokens (or whose code runs it).
+A new row is one :class:`Contender` appended in :func:`build_contenders`; :func:`ours`
+makes one for any :class:`Seq2Seq` and a way of driving it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from hybrid.bench.floor import StepReads, bart_reads, seq2seq_reads
 from hybrid.config import ModelConfig
 from hybrid.mixers import MIXERS
 from hybrid.model import Seq2Seq
@@ -27,6 +30,7 @@ class Contender:
     prefill: Callable[[Tensor], object]  # encoder + cross-attention keys/values (+ state allocation)
     generate: Callable[[Tensor, int], Tensor]  # greedy: (batch, N) new token ids, no start token
     state_bytes: Callable[[int, int, int], int]  # (batch, source_length, new_tokens) -> bytes
+    step_reads: StepReads  # the bytes a decode step reads: its floor
     max_new_tokens: int | None = None  # longer cells are skipped (the uncached loop is quadratic)
     model: torch.nn.Module | None = None
     max_batch: int | None = None  # wider cells are skipped
@@ -66,7 +70,8 @@ def ours(name: str, model: Seq2Seq, use_cache: bool = True, max_new_tokens: int 
     def prefill(src: Tensor):
         return model.start(src, max_steps=1)
 
-    return Contender(name, model.num_parameters(), prefill, generate, state_bytes, max_new_tokens, model)
+    return Contender(name, model.num_parameters(), prefill, generate, state_bytes, seq2seq_reads(model),
+                     max_new_tokens, model)
 
 
 def cuda_graphed(contender: Contender) -> Contender:
@@ -97,7 +102,7 @@ def hugging_face_bart(shape: dict, device, dtype, max_new_tokens: int | None) ->
         decoder_start_token_id=1, forced_bos_token_id=None, forced_eos_token_id=None, dropout=0.0,
         attention_dropout=0.0, activation_dropout=0.0)
     model = BartForConditionalGeneration(config).to(device=device, dtype=dtype).eval()
-    layers, width, element = shape["decoder_layers"], shape["d_model"], torch.finfo(dtype).bits // 8
+    reads = bart_reads(model, torch.finfo(dtype).bits // 8)
 
     def generate(src: Tensor, new_tokens: int) -> Tensor:
         output = model.generate(src, attention_mask=torch.ones_like(src), max_new_tokens=new_tokens,
@@ -108,11 +113,10 @@ def hugging_face_bart(shape: dict, device, dtype, max_new_tokens: int | None) ->
         return model.get_encoder()(input_ids=src, attention_mask=torch.ones_like(src))
 
     def state_bytes(batch: int, source_length: int, new_tokens: int) -> int:
-        # Its dynamic cache at the end: self-attention K/V per token plus cross-attention K/V per source token.
-        return 2 * layers * batch * (new_tokens + source_length) * width * element
+        return int(reads.state_bytes(batch, source_length, new_tokens))  # its cache once all are fed
 
     return Contender("bart-hf-generate", sum(p.numel() for p in model.parameters()), prefill, generate,
-                     state_bytes, max_new_tokens, model)
+                     state_bytes, reads, max_new_tokens, model)
 
 
 def build_contenders(shape: dict, settings: dict, device, dtype) -> list[Contender]:
