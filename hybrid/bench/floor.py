@@ -73,18 +73,28 @@ def seq2seq_reads(model: Seq2Seq) -> StepReads:
     return StepReads(weights + model.embed.embedding_dim * element, memory, mixer_bytes(1) - growth, growth)
 
 
-def bart_reads(model: BartForConditionalGeneration, float_bytes: int) -> StepReads:
+def bart_reads(model: BartForConditionalGeneration, float_bytes: int, int8: bool = False) -> StepReads:
     """What one step of a transformers ``BartForConditionalGeneration``'s decoder reads, its float
     tensors at ``float_bytes`` each: self-attention, cross-attention query and output projections,
     FFN, norms, the head, one row of each embedding table, plus its KV cache and cross keys/values.
+
+    ``int8`` counts the tensors CTranslate2 quantizes (every variable it names ``weight``: the
+    weight of each linear layer, the head included, and the token embedding; not the position
+    table, the norms or the biases) at one byte an element plus a float32 scale per row.
     """
     decoder = model.get_decoder()
     once_per_source = [m for layer in decoder.layers for m in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj)]
     tables = [decoder.embed_tokens, decoder.embed_positions]  # one row each per step
+
+    def nbytes(module: nn.Module, name: str, tensor: torch.Tensor) -> int:
+        if int8 and name == "weight" and (isinstance(module, nn.Linear) or module is decoder.embed_tokens):
+            return tensor.numel() + 4 * tensor.shape[0]
+        return tensor.numel() * float_bytes
+
     skipped = once_per_source + tables
     modules = [m for m in [*decoder.modules(), model.lm_head] if not any(m is skip for skip in skipped)]
-    weights = sum(p.numel() for m in modules for p in m.parameters(recurse=False))
-    weights = (weights + sum(table.embedding_dim for table in tables)) * float_bytes
+    weights = sum(nbytes(m, name, p) for m in modules for name, p in m.named_parameters(recurse=False))
+    weights += sum(nbytes(table, "weight", table.weight[:1]) for table in tables)
 
     def keys_values(attention: nn.Module) -> int:  # bytes per position of one row
         return (attention.k_proj.out_features + attention.v_proj.out_features) * float_bytes

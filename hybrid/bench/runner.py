@@ -100,7 +100,7 @@ def run_benchmark(settings: dict) -> dict:
     rows = []
     for batch, new_tokens in settings["cells"]:
         active = [c for c in contenders if (c.max_new_tokens is None or new_tokens <= c.max_new_tokens)
-                  and (c.max_batch is None or batch <= c.max_batch)]
+                  and (c.max_batch is None or batch <= c.max_batch) and new_tokens > c.prefill_steps]
         rows += _measure(active, batch, new_tokens, settings, device, generator, bandwidth)
     if settings["memory_budget_gb"]:
         rows += _memory_budget_sweep(contenders, settings, device, generator, bandwidth)
@@ -187,9 +187,10 @@ def _summarise(contender: Contender, repeats: list[dict], batch: int, new_tokens
     # Decoding = the whole call minus the prefill it contains. Each prefill timing is one short
     # measurement, the noisiest of the cell, and noise (preemption, a busy neighbour) only ever adds
     # time, so the fastest of them is the best estimate; a median of two can carry one hiccup of
-    # several milliseconds and, on a short cell, push the decoding time below zero.
+    # several milliseconds and, on a short cell, push the decoding time below zero. A prefill that
+    # decodes tokens too (prefill_steps) leaves that many fewer in the rest of the call.
     prefill_s = min(r["prefill_s"] for r in repeats)
-    decode_ms = [1000 * (r["total_s"] - prefill_s) / new_tokens for r in repeats]
+    decode_ms = [1000 * (r["total_s"] - prefill_s) / (new_tokens - contender.prefill_steps) for r in repeats]
     median_ms = statistics.median(decode_ms)
     step_bytes = contender.step_reads.per_step(batch, settings["source_length"], new_tokens)
     floor_ms = 1000 * step_bytes / bandwidth

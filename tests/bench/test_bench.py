@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import execute_notebook
 
-from hybrid.bench.contenders import Contender, hugging_face_bart
+from hybrid.bench.contenders import Contender, bart_model, hugging_face_bart
 from hybrid.bench.floor import StepReads
 from hybrid.bench.runner import _summarise, measure_cell
 
@@ -46,6 +46,17 @@ def test_results_file_schema_and_values(tiny_results):
         assert (tiny_results / name).stat().st_size > 0, name
 
 
+def test_ctranslate2_runs_in_every_cell_at_float32_and_int8(tiny_results):
+    pytest.importorskip("ctranslate2")
+    rows = json.loads((tiny_results / "results.json").read_text())["rows"]
+    cells = {(row["batch"], row["new_tokens"]) for row in rows if row["sweep"] == "grid"}
+    for name in ("bart-ct2-float32", "bart-ct2-int8"):
+        # The runner refuses a row whose calls decode other than N tokens, so each of these decoded N.
+        assert {(row["batch"], row["new_tokens"]) for row in rows if row["model"] == name} == cells, name
+    params = {row["model"]: row["parameters"] for row in rows}
+    assert params["bart-ct2-float32"] == params["bart-ct2-int8"] > 0
+
+
 def test_the_floor_stands_beside_every_cell(tiny_results):
     results = json.loads((tiny_results / "results.json").read_text())
     bandwidth = results["meta"]["memory_bandwidth_gb_s"] * 1e9
@@ -64,15 +75,17 @@ def test_a_kv_cache_step_reads_more_at_longer_lengths_and_an_lstm_step_the_same(
         return next(r["step_bytes"] for r in rows if (r["model"], r["batch"], r["new_tokens"], r["sweep"])
                     == (model, 1, tokens, "grid"))
 
-    assert read("attention+kv-cache", 48) > read("attention+kv-cache", 16)
+    for model in ("attention+kv-cache", "bart-ct2-float32"):
+        assert read(model, 48) > read(model, 16), model
     assert read("lstm", 48) == read("lstm", 16)
+    assert read("bart-ct2-int8", 16) < read("bart-ct2-float32", 16)
 
 
 def test_the_transformers_row_returns_only_the_new_tokens():
     pytest.importorskip("transformers")
     shape = {"vocab_size": 32, "d_model": 16, "n_heads": 2, "d_ff": 32, "encoder_layers": 1, "decoder_layers": 2,
              "max_positions": 64}
-    row = hugging_face_bart(shape, "cpu", torch.float32, max_new_tokens=None)
+    row = hugging_face_bart(bart_model(shape), "cpu", torch.float32, max_new_tokens=None)
     assert row.generate(torch.randint(3, 32, (2, 5)), 7).shape == (2, 7)
 
 

@@ -4,7 +4,7 @@ independent count by parameter name and against the decoding state the model rea
 import pytest
 import torch
 
-from hybrid.bench.contenders import Contender, hugging_face_bart, model_config
+from hybrid.bench.contenders import Contender, bart_model, model_config
 from hybrid.bench.floor import StepReads, bart_reads, seq2seq_reads
 from hybrid.bench.runner import _summarise, measure_bandwidth
 from hybrid.mixers import MIXERS
@@ -49,7 +49,7 @@ def test_a_kv_cache_step_reads_more_the_longer_the_decode_and_an_lstm_step_does_
 
 
 def test_bart_reads_its_decoder_but_the_memory_projections_and_one_row_of_each_table():
-    model = hugging_face_bart(SHAPE, "cpu", torch.float32, max_new_tokens=None).model
+    model = bart_model(SHAPE)
     decoder = sum(nbytes(p) for name, p in model.named_parameters()
                   if name.startswith("model.decoder.") and not name.startswith("model.decoder.embed_")
                   and ".encoder_attn.k_proj." not in name and ".encoder_attn.v_proj." not in name)
@@ -60,11 +60,24 @@ def test_bart_reads_its_decoder_but_the_memory_projections_and_one_row_of_each_t
                                              state_per_position=2 * layers * width * 4)
 
 
-def test_summary_sets_the_floor_beside_the_measured_time():
+def test_bart_in_int8_reads_one_byte_a_weight_plus_a_scale_a_row():
+    model = bart_model(SHAPE)
+    float32, int8 = bart_reads(model, 4), bart_reads(model, 4, int8=True)
+    decoder = model.get_decoder()
+    matrices = [m.weight for m in [*decoder.modules(), model.lm_head] if isinstance(m, torch.nn.Linear)
+                and not any(m is layer.encoder_attn.k_proj or m is layer.encoder_attn.v_proj
+                            for layer in decoder.layers)]
+    matrices.append(decoder.embed_tokens.weight[:1])  # the token embedding's row; positions stay float
+    assert float32.weights - int8.weights == sum(3 * m.numel() - 4 * m.shape[0] for m in matrices)
+    assert float32.state_bytes(2, 8, 16) == int8.state_bytes(2, 8, 16)
+
+
+def test_summary_divides_by_the_tokens_prefill_leaves_and_sets_the_floor_beside_them():
     reads = StepReads(weights=1_000_000, memory_per_position=0)
-    # A prefill of 2 s, then 2 + 10 x 0.5 s for ten tokens: 0.5 s a token.
-    contender = Contender("fake", 1, prefill=None, generate=None, state_bytes=lambda *shape: 1, step_reads=reads)
-    repeats = [{"prefill_s": 2.0, "total_s": 7.0, "peak_bytes": None, "decoded_tokens": 10}] * 2
+    # A prefill of 2 s that decodes one token, then 2 + 9 x 0.5 s for ten tokens: 0.5 s a token.
+    contender = Contender("fake", 1, prefill=None, generate=None, state_bytes=lambda *shape: 1, step_reads=reads,
+                          prefill_steps=1)
+    repeats = [{"prefill_s": 2.0, "total_s": 6.5, "peak_bytes": None, "decoded_tokens": 10}] * 2
     row = _summarise(contender, repeats, 1, 10, {"source_length": 8}, torch.device("cpu"), bandwidth=1e9)
     assert row["ms_per_token"] == pytest.approx(500.0)
     assert row["step_bytes"] == 1_000_000 and row["floor_ms_per_token"] == pytest.approx(1.0)
