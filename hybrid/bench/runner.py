@@ -101,7 +101,7 @@ def run_benchmark(settings: dict) -> dict:
     for batch, new_tokens in settings["cells"]:
         active = [c for c in contenders if (c.max_new_tokens is None or new_tokens <= c.max_new_tokens)
                   and (c.max_batch is None or batch <= c.max_batch) and new_tokens > c.prefill_steps]
-        rows += _measure(active, batch, new_tokens, settings, device, generator, bandwidth)
+        rows += _measure(active, batch, new_tokens, settings, device, generator, bandwidth=bandwidth)
     if settings["memory_budget_gb"]:
         rows += _memory_budget_sweep(contenders, settings, device, generator, bandwidth)
     profiles = _profiles(contenders, settings, device, generator) if settings["profile"] else {}
@@ -137,8 +137,10 @@ def _profiles(contenders: list[Contender], settings: dict, device: torch.device,
 
 
 def _measure(contenders: list[Contender], batch: int, new_tokens: int, settings: dict, device: torch.device,
-             generator: torch.Generator, bandwidth: float, sweep: str = "grid") -> list[dict]:
-    """Warm up, then time every contender on one (batch, new tokens) cell, interleaved."""
+             generator: torch.Generator, sweep: str = "grid", bandwidth: float | None = None) -> list[dict]:
+    """Warm up, then time every contender on one (batch, new tokens) cell, interleaved. Given the
+    memory ``bandwidth`` (bytes/s), each row also gets its floor; :mod:`hybrid.ablation`, which only
+    wants the times, leaves it out."""
     shape = settings["model"]
     # Random, seeded, never all zeros (ids 3.. avoid padding/BOS/EOS).
     src = torch.randint(3, shape["vocab_size"], (batch, settings["source_length"]), generator=generator).to(device)
@@ -153,7 +155,7 @@ def _measure(contenders: list[Contender], batch: int, new_tokens: int, settings:
     rows = []
     for contender in contenders:
         rows.append(dict(_summarise(contender, repeats[contender.name], batch, new_tokens, settings, device,
-                                    bandwidth), sweep=sweep))
+                                    bandwidth=bandwidth), sweep=sweep))
         print(_format_row(rows[-1]), flush=True)
     return rows
 
@@ -173,13 +175,13 @@ def _memory_budget_sweep(contenders: list[Contender], settings: dict, device: to
         batch = 1
         while batch < 2**16 and weights + 2 * batch * per_sequence <= budget:
             batch *= 2
-        rows += _measure([contender], batch, new_tokens, settings, device, generator, bandwidth,
-                         sweep="memory_budget")
+        rows += _measure([contender], batch, new_tokens, settings, device, generator, sweep="memory_budget",
+                         bandwidth=bandwidth)
     return rows
 
 
 def _summarise(contender: Contender, repeats: list[dict], batch: int, new_tokens: int, settings: dict,
-               device: torch.device, bandwidth: float) -> dict:
+               device: torch.device, bandwidth: float | None = None) -> dict:
     decoded = {r["decoded_tokens"] for r in repeats}
     if decoded != {new_tokens}:  # every row must do the same work
         raise RuntimeError(f"{contender.name} decoded {sorted(decoded)} tokens where the cell asks for {new_tokens}")
@@ -192,8 +194,6 @@ def _summarise(contender: Contender, repeats: list[dict], batch: int, new_tokens
     prefill_s = min(r["prefill_s"] for r in repeats)
     decode_ms = [1000 * (r["total_s"] - prefill_s) / (new_tokens - contender.prefill_steps) for r in repeats]
     median_ms = statistics.median(decode_ms)
-    step_bytes = contender.step_reads.per_step(batch, settings["source_length"], new_tokens)
-    floor_ms = 1000 * step_bytes / bandwidth
     row = {
         "model": contender.name, "batch": batch, "new_tokens": new_tokens,
         "ms_per_token": median_ms, "ms_per_token_min": min(decode_ms), "ms_per_token_max": max(decode_ms),
@@ -201,8 +201,11 @@ def _summarise(contender: Contender, repeats: list[dict], batch: int, new_tokens
         "prefill_ms": statistics.median(prefill_ms),
         "state_bytes": contender.state_bytes(batch, settings["source_length"], new_tokens),
         "parameters": contender.parameters,
-        "step_bytes": step_bytes, "floor_ms_per_token": floor_ms, "x_floor": median_ms / floor_ms,
     }
+    if bandwidth is not None:
+        row["step_bytes"] = contender.step_reads.per_step(batch, settings["source_length"], new_tokens)
+        row["floor_ms_per_token"] = 1000 * row["step_bytes"] / bandwidth
+        row["x_floor"] = median_ms / row["floor_ms_per_token"]
     if device.type == "cuda":
         row["peak_memory_bytes"] = max(r["peak_bytes"] for r in repeats)
     else:
@@ -212,11 +215,11 @@ def _summarise(contender: Contender, repeats: list[dict], batch: int, new_tokens
 
 
 def _format_row(row: dict) -> str:
+    floor = f"  floor {row['floor_ms_per_token']:.4f} ms (x{row['x_floor']:.1f})" if "x_floor" in row else ""
     return (f"{row['model']:<22} batch {row['batch']:>4} x {row['new_tokens']:>5} tokens: "
             f"{row['ms_per_token']:8.3f} ms/token [{row['ms_per_token_min']:.3f}, {row['ms_per_token_max']:.3f}]"
             f"  {row['tokens_per_s']:10.1f} tok/s  prefill {row['prefill_ms']:7.2f} ms"
-            f"  state {row['state_bytes'] / 2**20:8.2f} MiB  floor {row['floor_ms_per_token']:.4f} ms"
-            f" (x{row['x_floor']:.1f})")
+            f"  state {row['state_bytes'] / 2**20:8.2f} MiB{floor}")
 
 
 def find_row(results: dict, model: str, batch: int, new_tokens: int) -> dict | None:
