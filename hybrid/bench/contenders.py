@@ -2,20 +2,33 @@
 
 Every contender shares width, depth, heads, FFN size, vocabulary, dtype and device, so
 a row differs from another only in how the decoder mixes tokens (or whose code runs it).
+A new row is one :class:`Contender` appended in :func:`build_contenders`; :func:`ours`
+makes one for any :class:`Seq2Seq` and a way of driving it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import math
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from hybrid.bench.floor import StepReads, bart_reads, seq2seq_reads
 from hybrid.config import ModelConfig
 from hybrid.mixers import MIXERS
 from hybrid.model import Seq2Seq
+
+if TYPE_CHECKING:
+    from transformers import BartConfig, BartForConditionalGeneration, PreTrainedTokenizerFast
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -25,11 +38,13 @@ class Contender:
     name: str
     parameters: int
     prefill: Callable[[Tensor], object]  # encoder + cross-attention keys/values (+ state allocation)
-    generate: Callable[[Tensor, int], Tensor]  # greedy, exactly N new tokens
+    generate: Callable[[Tensor, int], Tensor]  # greedy: (batch, N) new token ids, no start token
     state_bytes: Callable[[int, int, int], int]  # (batch, source_length, new_tokens) -> bytes
+    step_reads: StepReads  # the bytes a decode step reads: its floor
     max_new_tokens: int | None = None  # longer cells are skipped (the uncached loop is quadratic)
     model: torch.nn.Module | None = None
     max_batch: int | None = None  # wider cells are skipped
+    prefill_steps: int = 0  # decode steps that ``prefill`` runs too (an engine with no encoder-only call)
 
 
 def model_config(shape: dict, mixers: str | list[str], lstm_hidden_size: int | None = None) -> ModelConfig:
@@ -66,7 +81,8 @@ def ours(name: str, model: Seq2Seq, use_cache: bool = True, max_new_tokens: int 
     def prefill(src: Tensor):
         return model.start(src, max_steps=1)
 
-    return Contender(name, model.num_parameters(), prefill, generate, state_bytes, max_new_tokens, model)
+    return Contender(name, model.num_parameters(), prefill, generate, state_bytes, seq2seq_reads(model),
+                     max_new_tokens, model)
 
 
 def cuda_graphed(contender: Contender) -> Contender:
@@ -83,11 +99,13 @@ def cuda_graphed(contender: Contender) -> Contender:
     return dataclasses.replace(contender, name=contender.name + "+cuda-graph", generate=generate)
 
 
-def hugging_face_bart(shape: dict, device, dtype, max_new_tokens: int | None) -> Contender | None:
-    """transformers' BartForConditionalGeneration of the same shape, random weights, its own generate()."""
+def bart_model(shape: dict) -> BartForConditionalGeneration | None:
+    """transformers' ``BartForConditionalGeneration`` of the benchmark's shape with random weights
+    (float32, on the CPU, in eval mode), or None with a logged note when transformers is not installed."""
     try:
         from transformers import BartConfig, BartForConditionalGeneration
     except ImportError:
+        logger.warning("transformers is not installed (the bench extra): no BART rows")
         return None
     config = BartConfig(
         vocab_size=shape["vocab_size"], d_model=shape["d_model"], encoder_layers=shape["encoder_layers"],
@@ -96,27 +114,109 @@ def hugging_face_bart(shape: dict, device, dtype, max_new_tokens: int | None) ->
         max_position_embeddings=shape["max_positions"] + 2, pad_token_id=0, bos_token_id=1, eos_token_id=2,
         decoder_start_token_id=1, forced_bos_token_id=None, forced_eos_token_id=None, dropout=0.0,
         attention_dropout=0.0, activation_dropout=0.0)
-    model = BartForConditionalGeneration(config).to(device=device, dtype=dtype).eval()
-    layers, width, element = shape["decoder_layers"], shape["d_model"], torch.finfo(dtype).bits // 8
+    # BART is post-norm; CTranslate2's converter reads this flag, which transformers 5 no longer sets.
+    config.normalize_before = False
+    return BartForConditionalGeneration(config).eval()
+
+
+def hugging_face_bart(model: BartForConditionalGeneration, device, dtype, max_new_tokens: int | None) -> Contender:
+    """``model`` (a :func:`bart_model`), moved to ``device`` and ``dtype``, decoding through its own generate()."""
+    model = model.to(device=device, dtype=dtype)
+    reads = bart_reads(model, torch.finfo(dtype).bits // 8)
 
     def generate(src: Tensor, new_tokens: int) -> Tensor:
-        return model.generate(src, attention_mask=torch.ones_like(src), max_new_tokens=new_tokens,
-                              min_new_tokens=new_tokens, do_sample=False, num_beams=1)
+        output = model.generate(src, attention_mask=torch.ones_like(src), max_new_tokens=new_tokens,
+                                min_new_tokens=new_tokens, do_sample=False, num_beams=1)
+        return output[:, 1:]  # the new tokens, like every contender: not the decoder start token
 
     def prefill(src: Tensor):
         return model.get_encoder()(input_ids=src, attention_mask=torch.ones_like(src))
 
-    def state_bytes(batch: int, source_length: int, new_tokens: int) -> int:
-        # Its dynamic cache at the end: self-attention K/V per token plus cross-attention K/V per source token.
-        return 2 * layers * batch * (new_tokens + source_length) * width * element
-
     return Contender("bart-hf-generate", sum(p.numel() for p in model.parameters()), prefill, generate,
-                     state_bytes, max_new_tokens, model)
+                     _cache_bytes(reads), reads, max_new_tokens, model)
+
+
+def ctranslate2_bart(model: BartForConditionalGeneration, compute_types: list[str], threads: int,
+                     device) -> list[Contender]:
+    """CTranslate2 running ``model`` (a :func:`bart_model`) converted by its own converter, one row per
+    compute type that CTranslate2 supports on ``device``; none, with a logged note, when it is not installed.
+
+    Greedy, exactly N tokens (``min_decoding_length = max_decoding_length = N``), ``threads`` intra-op
+    threads and one translator. CTranslate2 takes tokens as strings: the converter names its vocabulary
+    after the tokenizer's (:func:`_id_tokenizer` names each token by its id), and the ids every contender
+    gets are mapped through the converted model's own vocabulary file. Its config adds no BOS or EOS to
+    the source and starts the decoder from BOS (``decoder_start_token_id``), as transformers' BART and
+    ours do. It has no encoder-only call, so its prefill is a one-token translation
+    (``prefill_steps=1``): the runner divides the rest of a call by the N - 1 tokens left.
+    """
+    try:
+        import ctranslate2
+        from ctranslate2.converters import TransformersConverter
+    except ImportError:
+        logger.warning("ctranslate2 is not installed (the bench extra): no CTranslate2 rows")
+        return []
+    device = torch.device(device)
+    index = device.index or 0
+    supported = ctranslate2.get_supported_compute_types(device.type, index)
+    for compute_type in sorted(set(compute_types) - supported):
+        logger.warning("CTranslate2 does not support compute type %s on %s: no row for it", compute_type, device)
+    with tempfile.TemporaryDirectory() as folder:
+        original, converted = Path(folder, "transformers"), Path(folder, "ctranslate2")
+        model.save_pretrained(original)
+        _id_tokenizer(model.config).save_pretrained(original)
+        TransformersConverter(str(original)).convert(str(converted))
+        vocabulary = json.loads((converted / "shared_vocabulary.json").read_text())
+        translators = {compute_type: ctranslate2.Translator(str(converted), device=device.type, device_index=index,
+                                                            compute_type=compute_type, inter_threads=1,
+                                                            intra_threads=threads)
+                       for compute_type in compute_types if compute_type in supported}
+    ids = {token: position for position, token in enumerate(vocabulary)}
+    parameters = sum(p.numel() for p in model.parameters())
+
+    def contender(compute_type: str, translator) -> Contender:
+        # Float tensors (biases, norms, activations, caches) take float16 or bfloat16 where the
+        # compute type names one, float32 otherwise; "int8..." stores the weights in int8.
+        reads = bart_reads(model, 2 if compute_type.endswith("16") else 4, int8=compute_type.startswith("int8"))
+
+        def translate(src: Tensor, new_tokens: int):
+            source = [[vocabulary[i] for i in row] for row in src.tolist()]
+            # max_input_length=0: never truncate the source; beam_size defaults to 2, greedy is 1.
+            return translator.translate_batch(source, beam_size=1, min_decoding_length=new_tokens,
+                                              max_decoding_length=new_tokens, max_input_length=0)
+
+        def generate(src: Tensor, new_tokens: int) -> Tensor:
+            return torch.tensor([[ids[token] for token in result.hypotheses[0]]
+                                 for result in translate(src, new_tokens)])
+
+        return Contender(f"bart-ct2-{compute_type}", parameters, lambda src: translate(src, 1), generate,
+                         _cache_bytes(reads), reads, prefill_steps=1)
+
+    return [contender(compute_type, translator) for compute_type, translator in translators.items()]
+
+
+def _cache_bytes(reads: StepReads) -> Callable[[int, int, int], int]:
+    """A ``state_bytes`` for an engine whose state we cannot inspect: the cache its step reads, once all N are fed."""
+    return lambda batch, source_length, new_tokens: int(reads.state_bytes(batch, source_length, new_tokens))
+
+
+def _id_tokenizer(config: BartConfig) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer whose token of id i is the string ``str(i)``, with BART's special ids:
+    the converter takes its vocabulary (in id order) and special tokens from a tokenizer."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    unknown = 3  # BART's own unknown id; the config names none
+    vocabulary = {str(i): i for i in range(config.vocab_size)}
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocabulary, unk_token=str(unknown))),
+        bos_token=str(config.bos_token_id), eos_token=str(config.eos_token_id),
+        pad_token=str(config.pad_token_id), unk_token=str(unknown))
 
 
 def build_contenders(shape: dict, settings: dict, device, dtype) -> list[Contender]:
     """The attention decoder (cached and not), the LSTM (equal width and parameter-matched),
-    every other registered mixer, and transformers' BART when it is installed."""
+    every other registered mixer, and one random BART run by transformers' generate() and by
+    CTranslate2 at each of its compute types, when they are installed (the bench extra)."""
     torch.manual_seed(settings["seed"])
 
     def build(mixers, lstm_hidden_size=None) -> Seq2Seq:
@@ -135,8 +235,12 @@ def build_contenders(shape: dict, settings: dict, device, dtype) -> list[Contend
     if settings["cuda_graph"] and torch.device(device).type == "cuda":
         graphed = [c for c in contenders if c.name in ("attention+kv-cache", "lstm", "lstm-param-matched")]
         contenders += [cuda_graphed(c) for c in graphed]
-    if settings["huggingface_bart"]:
-        bart = hugging_face_bart(shape, device, dtype, settings["bart_max_new_tokens"])
-        if bart is not None:
-            contenders.append(bart)
+    bart = bart_model(shape) if settings["huggingface_bart"] or settings["ctranslate2"] else None
+    if bart is not None:
+        # Converted first: the transformers row then moves the same model to the benchmark's device and dtype.
+        ctranslate2_rows = (ctranslate2_bart(bart, settings["ctranslate2_compute_types"][torch.device(device).type],
+                                             settings["threads"], device) if settings["ctranslate2"] else [])
+        if settings["huggingface_bart"]:
+            contenders.append(hugging_face_bart(bart, device, dtype, settings["bart_max_new_tokens"]))
+        contenders += ctranslate2_rows
     return [c for c in contenders if c.name in settings["models"] or settings["models"] == "all"]

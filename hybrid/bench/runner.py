@@ -4,7 +4,9 @@ Method (see ../shared/BENCHMARKING.md): every contender decodes exactly N new to
 (EOS ignored via ``min_new_tokens``); warm-up runs are excluded; contenders are
 interleaved within each repeat (A B A B) so drift hits all of them; each cell reports
 the median and the spread; prefill (encoder + cross-attention keys/values) is timed on
-its own and subtracted, so ms/token is decoding only.
+its own and subtracted, so ms/token is decoding only. Beside every cell stands its floor:
+the bytes a step must read (:mod:`hybrid.bench.floor`) over the memory bandwidth measured
+once per run, and the measured ms/token as a multiple of it.
 """
 
 from __future__ import annotations
@@ -33,12 +35,13 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(device: torch.device, call) -> float:
+def _timed(device: torch.device, call) -> tuple[float, object]:
+    """Seconds that ``call()`` takes on ``device``, and what it returned."""
     _synchronize(device)
     begin = time.perf_counter()
-    call()
+    result = call()
     _synchronize(device)
-    return time.perf_counter() - begin
+    return time.perf_counter() - begin, result
 
 
 def git_commit() -> str:
@@ -61,14 +64,28 @@ def _device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
+def measure_bandwidth(device: torch.device, buffer_mib: int, repeats: int = 5) -> float:
+    """Bytes per second that ``Tensor.copy_`` moves between two buffers of ``buffer_mib`` MiB, counting
+    the bytes read and the bytes written (as STREAM's copy does), median of ``repeats`` timed copies.
+
+    Pick buffers well beyond the last-level cache. On a CPU the copy runs on the threads that the
+    benchmark set, so it is the bandwidth those threads reach, not the socket's.
+    """
+    source = torch.ones(buffer_mib * 2**20 // 4, device=device)  # written, so no page is the shared zero page
+    target = torch.empty_like(source)
+    target.copy_(source)  # untimed: the first touch of the target's pages faults them in
+    seconds = statistics.median(_timed(device, lambda: target.copy_(source))[0] for _ in range(repeats))
+    return 2 * source.nbytes / seconds
+
+
 def measure_cell(contender: Contender, src: torch.Tensor, new_tokens: int, device: torch.device) -> dict:
-    """One timed repeat: prefill alone, then the whole generate call."""
+    """One timed repeat: prefill alone, then the whole generate call, whose new tokens are counted."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    prefill = _timed(device, lambda: contender.prefill(src))
-    total = _timed(device, lambda: contender.generate(src, new_tokens))
+    prefill, _ = _timed(device, lambda: contender.prefill(src))
+    total, tokens = _timed(device, lambda: contender.generate(src, new_tokens))
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    return {"prefill_s": prefill, "total_s": total, "peak_bytes": peak}
+    return {"prefill_s": prefill, "total_s": total, "peak_bytes": peak, "decoded_tokens": tokens.shape[-1]}
 
 
 def run_benchmark(settings: dict) -> dict:
@@ -78,14 +95,15 @@ def run_benchmark(settings: dict) -> dict:
     torch.set_num_threads(settings["threads"])
     shape = settings["model"]
     contenders = build_contenders(shape, settings, device, dtype)
+    bandwidth = measure_bandwidth(device, settings["bandwidth_buffer_mib"])
     generator = torch.Generator().manual_seed(settings["seed"])
     rows = []
     for batch, new_tokens in settings["cells"]:
         active = [c for c in contenders if (c.max_new_tokens is None or new_tokens <= c.max_new_tokens)
-                  and (c.max_batch is None or batch <= c.max_batch)]
-        rows += _measure(active, batch, new_tokens, settings, device, generator)
+                  and (c.max_batch is None or batch <= c.max_batch) and new_tokens > c.prefill_steps]
+        rows += _measure(active, batch, new_tokens, settings, device, generator, bandwidth=bandwidth)
     if settings["memory_budget_gb"]:
-        rows += _memory_budget_sweep(contenders, settings, device, generator)
+        rows += _memory_budget_sweep(contenders, settings, device, generator, bandwidth)
     profiles = _profiles(contenders, settings, device, generator) if settings["profile"] else {}
     return {
         "meta": {
@@ -93,7 +111,7 @@ def run_benchmark(settings: dict) -> dict:
             "torch": torch.__version__, "threads": torch.get_num_threads(), "git_commit": git_commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "source_length": settings["source_length"], "seed": settings["seed"], "repeats": settings["repeats"],
-            "model": dict(shape),
+            "memory_bandwidth_gb_s": bandwidth / 1e9, "model": dict(shape),
         },
         "rows": rows,
         "profile": profiles,
@@ -119,8 +137,10 @@ def _profiles(contenders: list[Contender], settings: dict, device: torch.device,
 
 
 def _measure(contenders: list[Contender], batch: int, new_tokens: int, settings: dict, device: torch.device,
-             generator: torch.Generator, sweep: str = "grid") -> list[dict]:
-    """Warm up, then time every contender on one (batch, new tokens) cell, interleaved."""
+             generator: torch.Generator, sweep: str = "grid", bandwidth: float | None = None) -> list[dict]:
+    """Warm up, then time every contender on one (batch, new tokens) cell, interleaved. Given the
+    memory ``bandwidth`` (bytes/s), each row also gets its floor; :mod:`hybrid.ablation`, which only
+    wants the times, leaves it out."""
     shape = settings["model"]
     # Random, seeded, never all zeros (ids 3.. avoid padding/BOS/EOS).
     src = torch.randint(3, shape["vocab_size"], (batch, settings["source_length"]), generator=generator).to(device)
@@ -134,14 +154,14 @@ def _measure(contenders: list[Contender], batch: int, new_tokens: int, settings:
                 repeats[contender.name].append(measure_cell(contender, src, new_tokens, device))
     rows = []
     for contender in contenders:
-        rows.append(dict(_summarise(contender, repeats[contender.name], batch, new_tokens, settings, device),
-                         sweep=sweep))
+        rows.append(dict(_summarise(contender, repeats[contender.name], batch, new_tokens, settings, device,
+                                    bandwidth=bandwidth), sweep=sweep))
         print(_format_row(rows[-1]), flush=True)
     return rows
 
 
 def _memory_budget_sweep(contenders: list[Contender], settings: dict, device: torch.device,
-                         generator: torch.Generator) -> list[dict]:
+                         generator: torch.Generator, bandwidth: float) -> list[dict]:
     """At the longest length, each of the attention and LSTM decoders at the largest batch whose
     weights plus decoding state fit ``memory_budget_gb``: where the KV cache's growth shows."""
     budget = settings["memory_budget_gb"] * 2**30
@@ -155,19 +175,24 @@ def _memory_budget_sweep(contenders: list[Contender], settings: dict, device: to
         batch = 1
         while batch < 2**16 and weights + 2 * batch * per_sequence <= budget:
             batch *= 2
-        rows += _measure([contender], batch, new_tokens, settings, device, generator, sweep="memory_budget")
+        rows += _measure([contender], batch, new_tokens, settings, device, generator, sweep="memory_budget",
+                         bandwidth=bandwidth)
     return rows
 
 
 def _summarise(contender: Contender, repeats: list[dict], batch: int, new_tokens: int, settings: dict,
-               device: torch.device) -> dict:
+               device: torch.device, bandwidth: float | None = None) -> dict:
+    decoded = {r["decoded_tokens"] for r in repeats}
+    if decoded != {new_tokens}:  # every row must do the same work
+        raise RuntimeError(f"{contender.name} decoded {sorted(decoded)} tokens where the cell asks for {new_tokens}")
     prefill_ms = [1000 * r["prefill_s"] for r in repeats]
     # Decoding = the whole call minus the prefill it contains. Each prefill timing is one short
     # measurement, the noisiest of the cell, and noise (preemption, a busy neighbour) only ever adds
     # time, so the fastest of them is the best estimate; a median of two can carry one hiccup of
-    # several milliseconds and, on a short cell, push the decoding time below zero.
+    # several milliseconds and, on a short cell, push the decoding time below zero. A prefill that
+    # decodes tokens too (prefill_steps) leaves that many fewer in the rest of the call.
     prefill_s = min(r["prefill_s"] for r in repeats)
-    decode_ms = [1000 * (r["total_s"] - prefill_s) / new_tokens for r in repeats]
+    decode_ms = [1000 * (r["total_s"] - prefill_s) / (new_tokens - contender.prefill_steps) for r in repeats]
     median_ms = statistics.median(decode_ms)
     row = {
         "model": contender.name, "batch": batch, "new_tokens": new_tokens,
@@ -177,6 +202,10 @@ def _summarise(contender: Contender, repeats: list[dict], batch: int, new_tokens
         "state_bytes": contender.state_bytes(batch, settings["source_length"], new_tokens),
         "parameters": contender.parameters,
     }
+    if bandwidth is not None:
+        row["step_bytes"] = contender.step_reads.per_step(batch, settings["source_length"], new_tokens)
+        row["floor_ms_per_token"] = 1000 * row["step_bytes"] / bandwidth
+        row["x_floor"] = median_ms / row["floor_ms_per_token"]
     if device.type == "cuda":
         row["peak_memory_bytes"] = max(r["peak_bytes"] for r in repeats)
     else:
@@ -186,10 +215,11 @@ def _summarise(contender: Contender, repeats: list[dict], batch: int, new_tokens
 
 
 def _format_row(row: dict) -> str:
+    floor = f"  floor {row['floor_ms_per_token']:.4f} ms (x{row['x_floor']:.1f})" if "x_floor" in row else ""
     return (f"{row['model']:<22} batch {row['batch']:>4} x {row['new_tokens']:>5} tokens: "
             f"{row['ms_per_token']:8.3f} ms/token [{row['ms_per_token_min']:.3f}, {row['ms_per_token_max']:.3f}]"
             f"  {row['tokens_per_s']:10.1f} tok/s  prefill {row['prefill_ms']:7.2f} ms"
-            f"  state {row['state_bytes'] / 2**20:8.2f} MiB")
+            f"  state {row['state_bytes'] / 2**20:8.2f} MiB{floor}")
 
 
 def find_row(results: dict, model: str, batch: int, new_tokens: int) -> dict | None:
@@ -235,18 +265,22 @@ def markdown_summary(results: dict) -> str:
     """The headline ratios and the batch-1 length sweep as Markdown, for READMEs and notes."""
     meta = results["meta"]
     lines = [f"{meta['device_name']}, {meta['dtype']}, {meta['threads']} threads, torch {meta['torch']}, "
-             f"commit {meta['git_commit'][:10]}, {meta['date']}", "",
+             f"commit {meta['git_commit'][:10]}, {meta['date']}, "
+             f"memory bandwidth {meta['memory_bandwidth_gb_s']:.1f} GB/s", "",
              "| target | needed | measured | met |", "|---|---|---|---|"]
     for check in headline(results):
         value = "not in grid" if check["measured"] is None else f"{check['measured']:.2f}x"
         lines.append(f"| {check['target']} | {check['needed']} | {value} | "
                      f"{ {True: 'yes', False: '**no**', None: '-'}[check['met']] } |")
-    lines += ["", "| model | batch | new tokens | ms/token (median [min, max]) | tokens/s | prefill ms | state MiB |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "floor: the bytes a step reads (decoder weights + state) over the measured bandwidth; "
+              "x floor: ms/token as a multiple of it.", "",
+              "| model | batch | new tokens | ms/token (median [min, max]) | tokens/s | prefill ms | state MiB "
+              "| MB read/step | floor ms/token | x floor |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in results["rows"]:
         lines.append(f"| {row['model']} | {row['batch']} | {row['new_tokens']} | {row['ms_per_token']:.3f} "
                      f"[{row['ms_per_token_min']:.3f}, {row['ms_per_token_max']:.3f}] | {row['tokens_per_s']:.0f} | "
-                     f"{row['prefill_ms']:.2f} | {row['state_bytes'] / 2**20:.2f} |")
+                     f"{row['prefill_ms']:.2f} | {row['state_bytes'] / 2**20:.2f} | {row['step_bytes'] / 1e6:.3f} | "
+                     f"{row['floor_ms_per_token']:.4f} | {row['x_floor']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -272,16 +306,18 @@ def print_table(results: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"decoding on {results['meta']['device_name']} ({results['meta']['dtype']}, "
-                        f"{results['meta']['threads']} threads)")
+    meta = results["meta"]
+    table = Table(title=f"decoding on {meta['device_name']} ({meta['dtype']}, {meta['threads']} threads, "
+                        f"{meta['memory_bandwidth_gb_s']:.1f} GB/s)")
     for column in ("model", "batch", "new tokens", "ms/token", "min", "max", "tokens/s", "prefill ms",
-                   "state MiB", "params"):
+                   "state MiB", "params", "floor ms", "x floor"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for row in results["rows"]:
         table.add_row(row["model"], str(row["batch"]), str(row["new_tokens"]), f"{row['ms_per_token']:.3f}",
                       f"{row['ms_per_token_min']:.3f}", f"{row['ms_per_token_max']:.3f}",
                       f"{row['tokens_per_s']:.1f}", f"{row['prefill_ms']:.2f}",
-                      f"{row['state_bytes'] / 2**20:.2f}", f"{row['parameters']:,}")
+                      f"{row['state_bytes'] / 2**20:.2f}", f"{row['parameters']:,}",
+                      f"{row['floor_ms_per_token']:.4f}", f"{row['x_floor']:.1f}")
     console = Console()
     console.print(table)
     for check in headline(results):

@@ -8,10 +8,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import execute_notebook
 
+from hybrid.bench.contenders import Contender, bart_model, hugging_face_bart
+from hybrid.bench.floor import StepReads
+from hybrid.bench.runner import _summarise, measure_cell
+
 ROOT = Path(__file__).resolve().parents[2]
-NUMBERS = ["ms_per_token", "ms_per_token_min", "ms_per_token_max", "tokens_per_s", "prefill_ms"]
+NUMBERS = ["ms_per_token", "ms_per_token_min", "ms_per_token_max", "tokens_per_s", "prefill_ms", "step_bytes",
+           "floor_ms_per_token", "x_floor"]
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +31,7 @@ def tiny_results(tmp_path_factory) -> Path:
 def test_results_file_schema_and_values(tiny_results):
     results = json.loads((tiny_results / "results.json").read_text())
     for key in ("device", "device_name", "dtype", "torch", "threads", "git_commit", "date", "source_length",
-                "seed", "model"):
+                "seed", "memory_bandwidth_gb_s", "model"):
         assert key in results["meta"], key
     models = {row["model"] for row in results["rows"]}
     assert {"attention+kv-cache", "attention-no-cache", "lstm", "lstm-param-matched"} <= models
@@ -38,6 +44,57 @@ def test_results_file_schema_and_values(tiny_results):
     assert {check["target"] for check in results["headline"]}
     for name in ("results.csv", "ms_per_token.png", "throughput.png", "memory.png", "config.yaml"):
         assert (tiny_results / name).stat().st_size > 0, name
+
+
+def test_ctranslate2_runs_in_every_cell_at_float32_and_int8(tiny_results):
+    pytest.importorskip("ctranslate2")
+    rows = json.loads((tiny_results / "results.json").read_text())["rows"]
+    cells = {(row["batch"], row["new_tokens"]) for row in rows if row["sweep"] == "grid"}
+    for name in ("bart-ct2-float32", "bart-ct2-int8"):
+        # The runner refuses a row whose calls decode other than N tokens, so each of these decoded N.
+        assert {(row["batch"], row["new_tokens"]) for row in rows if row["model"] == name} == cells, name
+    params = {row["model"]: row["parameters"] for row in rows}
+    assert params["bart-ct2-float32"] == params["bart-ct2-int8"] > 0
+
+
+def test_the_floor_stands_beside_every_cell(tiny_results):
+    results = json.loads((tiny_results / "results.json").read_text())
+    bandwidth = results["meta"]["memory_bandwidth_gb_s"] * 1e9
+    for row in results["rows"]:
+        assert row["floor_ms_per_token"] == pytest.approx(1000 * row["step_bytes"] / bandwidth)
+        assert row["x_floor"] == pytest.approx(row["ms_per_token"] / row["floor_ms_per_token"])
+    header = (tiny_results / "results.csv").read_text().splitlines()[0].split(",")
+    assert {"step_bytes", "floor_ms_per_token", "x_floor"} <= set(header)
+    assert "| floor ms/token | x floor |" in (tiny_results / "summary.md").read_text()
+
+
+def test_a_kv_cache_step_reads_more_at_longer_lengths_and_an_lstm_step_the_same(tiny_results):
+    rows = json.loads((tiny_results / "results.json").read_text())["rows"]
+
+    def read(model, tokens):
+        return next(r["step_bytes"] for r in rows if (r["model"], r["batch"], r["new_tokens"], r["sweep"])
+                    == (model, 1, tokens, "grid"))
+
+    for model in ("attention+kv-cache", "bart-ct2-float32"):
+        assert read(model, 48) > read(model, 16), model
+    assert read("lstm", 48) == read("lstm", 16)
+    assert read("bart-ct2-int8", 16) < read("bart-ct2-float32", 16)
+
+
+def test_the_transformers_row_returns_only_the_new_tokens():
+    pytest.importorskip("transformers")
+    shape = {"vocab_size": 32, "d_model": 16, "n_heads": 2, "d_ff": 32, "encoder_layers": 1, "decoder_layers": 2,
+             "max_positions": 64}
+    row = hugging_face_bart(bart_model(shape), "cpu", torch.float32, max_new_tokens=None)
+    assert row.generate(torch.randint(3, 32, (2, 5)), 7).shape == (2, 7)
+
+
+def test_a_contender_that_decodes_other_than_n_tokens_is_refused():
+    short = Contender("short", 1, prefill=lambda src: None, generate=lambda src, n: torch.zeros(len(src), n - 1),
+                      state_bytes=lambda *shape: 1, step_reads=StepReads(1, 1))
+    repeats = [measure_cell(short, torch.ones(2, 3, dtype=torch.long), 8, torch.device("cpu"))]
+    with pytest.raises(RuntimeError, match="short decoded \\[7\\] tokens where the cell asks for 8"):
+        _summarise(short, repeats, 2, 8, {"source_length": 3}, torch.device("cpu"), bandwidth=1e9)
 
 
 def test_parameter_matched_lstm_matches_attention(tiny_results):
