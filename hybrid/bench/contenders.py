@@ -8,11 +8,13 @@ makes one for any :class:`Seq2Seq` and a way of driving it.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
 import math
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,6 +47,7 @@ class Contender:
     model: torch.nn.Module | None = None
     max_batch: int | None = None  # wider cells are skipped
     prefill_steps: int = 0  # decode steps that ``prefill`` runs too (an engine with no encoder-only call)
+    setup_seconds: float | None = None  # export or compilation, paid once per process (timed apart)
 
 
 def model_config(shape: dict, mixers: str | list[str], lstm_hidden_size: int | None = None) -> ModelConfig:
@@ -85,18 +88,48 @@ def ours(name: str, model: Seq2Seq, use_cache: bool = True, max_new_tokens: int 
                      max_new_tokens, model)
 
 
-def cuda_graphed(contender: Contender) -> Contender:
-    """The same model, decoding through one captured CUDA-graph step (fixed batch, fixed length)."""
-    from hybrid.generation.cuda_graph import generate_with_cuda_graph
+def fast(contender: Contender, quantize: str | None = None) -> Contender:
+    """The same weights on the fast path (``Seq2Seq.optimize_for_inference``): ONNX Runtime on a CPU,
+    int8 weights with ``quantize="int8"``, CUDA graphs inside ``generate`` on a GPU. The export happens
+    here, in a short warm-up decode, and its time is the row's ``setup_seconds``."""
+    model = copy.deepcopy(contender.model).optimize_for_inference(quantize)
+    begin = time.perf_counter()
+    src = torch.full((1, 4), 3, device=next(model.parameters()).device)
+    model.generate(src, max_new_tokens=2, min_new_tokens=2)  # exports (or captures) the plain greedy path
+    setup = (sum(model.fast_step.export_seconds.values()) if model.fast_step is not None
+             else time.perf_counter() - begin)
+    row = ours(f"{contender.name}+{quantize or 'fast'}", model, max_new_tokens=contender.max_new_tokens)
+    return dataclasses.replace(row, step_reads=seq2seq_reads(model, int8=quantize == "int8"), setup_seconds=setup)
 
-    model = contender.model
 
-    def generate(src: Tensor, new_tokens: int) -> Tensor:
-        # Exactly `new_tokens` each, like every contender; no row ends early, so nothing need be checked.
-        return generate_with_cuda_graph(model, src, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                        eos_check_interval=new_tokens)
+class _InductorStep:
+    """A route the fast path measured and did not take: ``torch.compile`` (inductor) of the eager step,
+    shapes static, installed where ``Seq2Seq.step_unchecked`` looks for a fast step."""
 
-    return dataclasses.replace(contender, name=contender.name + "+cuda-graph", generate=generate)
+    def __init__(self, model: Seq2Seq) -> None:
+        self.step = torch.compile(model._eager_step, dynamic=False)
+
+    def __call__(self, tokens: Tensor, state, position) -> Tensor:
+        positions = position if isinstance(position, Tensor) else torch.tensor(position, device=tokens.device)
+        return self.step(tokens, state, positions.expand(tokens.shape[0]))
+
+    def check_weights(self) -> None:
+        """Compiled code reads the live parameters, so changed weights need nothing."""
+
+    def can_advance(self, rules) -> bool:
+        return False
+
+
+def inductor(contender: Contender) -> Contender:
+    """The same weights, stepped by ``torch.compile`` of the eager step; compiled in a warm-up decode of
+    the benchmark's shortest batch-1 cell, timed as ``setup_seconds`` (each new shape compiles again)."""
+    model = copy.deepcopy(contender.model)
+    model.fast_step = _InductorStep(model)
+    begin = time.perf_counter()
+    model.generate(torch.full((1, 4), 3, device=next(model.parameters()).device), max_new_tokens=2,
+                   min_new_tokens=2)
+    row = ours(f"{contender.name}+inductor", model, max_new_tokens=contender.max_new_tokens)
+    return dataclasses.replace(row, setup_seconds=time.perf_counter() - begin)
 
 
 def bart_model(shape: dict) -> BartForConditionalGeneration | None:
@@ -232,9 +265,13 @@ def build_contenders(shape: dict, settings: dict, device, dtype) -> list[Contend
         ours("lstm-param-matched", build("lstm", parameter_matched_lstm_width(shape))),
     ]
     contenders += [ours(name, build(name)) for name in sorted(MIXERS) if name not in ("attention", "lstm")]
-    if settings["cuda_graph"] and torch.device(device).type == "cuda":
-        graphed = [c for c in contenders if c.name in ("attention+kv-cache", "lstm", "lstm-param-matched")]
-        contenders += [cuda_graphed(c) for c in graphed]
+    on_gpu = torch.device(device).type == "cuda"
+    for base in [c for c in contenders if c.name in settings["fast"]]:
+        # On a GPU the fast path is CUDA graphs, and int8 is the CPU path's (ONNX Runtime's) alone.
+        contenders += [fast(base, quantize) for quantize in settings["fast_quantize"]
+                       if not (on_gpu and quantize)]
+        if settings["inductor"] and not on_gpu:
+            contenders.append(inductor(base))
     bart = bart_model(shape) if settings["huggingface_bart"] or settings["ctranslate2"] else None
     if bart is not None:
         # Converted first: the transformers row then moves the same model to the benchmark's device and dtype.
@@ -243,4 +280,7 @@ def build_contenders(shape: dict, settings: dict, device, dtype) -> list[Contend
         if settings["huggingface_bart"]:
             contenders.append(hugging_face_bart(bart, device, dtype, settings["bart_max_new_tokens"]))
         contenders += ctranslate2_rows
+    caps = settings["row_max_new_tokens"] or {}
+    contenders = [dataclasses.replace(c, max_new_tokens=min(caps[c.name], c.max_new_tokens or caps[c.name]))
+                  if c.name in caps else c for c in contenders]
     return [c for c in contenders if c.name in settings["models"] or settings["models"] == "all"]

@@ -48,7 +48,7 @@ class StepReads:
         return self.weights + self.state_bytes(batch, source_length, (new_tokens + 1) / 2)
 
 
-def seq2seq_reads(model: Seq2Seq) -> StepReads:
+def seq2seq_reads(model: Seq2Seq, int8: bool = False) -> StepReads:
     """What one :meth:`Seq2Seq.step` reads: every decoder layer's mixer, cross-attention query and
     output projections, FFN and norms, the final norm, the head and one embedding row, plus its state.
 
@@ -56,12 +56,19 @@ def seq2seq_reads(model: Seq2Seq) -> StepReads:
     in :meth:`Seq2Seq.start`. The mixer state is sized by each mixer's own ``allocate_state`` on the
     meta device (so nothing is allocated) for one and two steps: what a state gains per step is a
     cache that a step reads up to its position; the rest is read whole at every step.
+
+    ``int8`` counts what the fast path's int8 quantization stores (ONNX Runtime's ``quantize_dynamic``:
+    the weight of every matrix product at one byte an element and one float32 scale per tensor; norms,
+    biases and the embedding row a step looks up stay float).
     """
     layers = model.decoder_layers
     once_per_source = {id(p) for layer in layers for p in layer.cross.key_value.parameters()}
     read = {id(p): p for part in (layers, model.decoder_norm, model.lm_head) for p in part.parameters()}
     element = model.embed.weight.element_size()
-    weights = sum(p.numel() * p.element_size() for key, p in read.items() if key not in once_per_source)
+    def nbytes(p: torch.Tensor) -> int:
+        return p.numel() + 4 if int8 and p.dim() == 2 else p.numel() * p.element_size()
+
+    weights = sum(nbytes(p) for key, p in read.items() if key not in once_per_source)
     memory = sum(layer.cross.key_value.out_features for layer in layers) * element
 
     def mixer_bytes(steps: int) -> int:

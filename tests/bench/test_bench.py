@@ -121,3 +121,23 @@ def test_benchmark_notebook_runs_on_the_results(tiny_results, monkeypatch):
     namespace = execute_notebook(ROOT / "notebooks" / "benchmark.ipynb")
     assert set(namespace["plots"]) == {"ms_per_token", "throughput", "memory"}
     assert os.environ["HYBRID_BENCH_RESULTS"].endswith("results.json")
+
+
+def test_fast_path_rows_time_their_export_apart_and_int8_reads_fewer_bytes(tiny_results):
+    results = json.loads((tiny_results / "results.json").read_text())
+    grid = [row for row in results["rows"] if row["sweep"] == "grid"]
+    cells = {(row["batch"], row["new_tokens"]) for row in grid}
+    for name in ("lstm+fast", "lstm+int8"):
+        rows = [row for row in grid if row["model"] == name]
+        assert {(row["batch"], row["new_tokens"]) for row in rows} == cells, name
+        assert all(row["setup_s"] > 0 for row in rows), name  # the export, never inside ms/token
+    assert all(row["setup_s"] is None for row in grid if row["model"] == "lstm")
+
+    def read(model):
+        return next(row["step_bytes"] for row in grid if (row["model"], row["batch"], row["new_tokens"]) ==
+                    (model, 1, 16))
+
+    assert read("lstm+int8") < read("lstm+fast") == read("lstm")
+    assert "Export or compilation" in (tiny_results / "summary.md").read_text()
+    targets = {check["target"] for check in results["headline"]}
+    assert any("CTranslate2 fp32" in target for target in targets)
