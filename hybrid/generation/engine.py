@@ -48,8 +48,7 @@ def generate(model, src_ids: Tensor, src_mask: Tensor | None = None, **options) 
     or a :class:`GenerateOutput` with ``return_dict_in_generate=True`` (or ``return_dict=True``).
     Every option is checked before any compute. Padding and BOS are never generated.
     """
-    config = GenerationConfig.from_kwargs(**options)
-    return decode(model, src_ids, src_mask, config, _session_class(model, config, src_ids.device))
+    return decode(model, src_ids, src_mask, GenerationConfig.from_kwargs(**options))
 
 
 def _session_class(model, config: GenerationConfig, device: torch.device) -> type:
@@ -66,12 +65,14 @@ def _session_class(model, config: GenerationConfig, device: torch.device) -> typ
 
 
 def decode(model, src_ids: Tensor, src_mask: Tensor | None, config: GenerationConfig,
-           session_class: type) -> Tensor | GenerateOutput:
+           session_class: type | None = None) -> Tensor | GenerateOutput:
     """:func:`generate` over sessions of ``session_class``, made as ``session_class(model, src_ids,
-    src_mask, max_steps)``; the CUDA-graph loop passes its own, whose batch never shrinks."""
+    src_mask, max_steps)``: by default the one the model and ``config`` call for; the CUDA-graph loop
+    passes its own, whose batch never shrinks."""
     model_config = model.config
     src_ids = check_token_ids("src_ids", src_ids, model_config.vocab_size, ndim=2)
     src_mask = source_mask(src_ids, src_mask, model_config.pad_id)
+    session_class = session_class or _session_class(model, config, src_ids.device)
     run = _Run(model, config, src_ids)
     session = session_class(model, src_ids, src_mask, run.total_steps)
     if config.num_beams > 1:
