@@ -13,7 +13,7 @@ from conftest import execute_notebook
 
 from hybrid.bench.contenders import Contender, bart_model, hugging_face_bart
 from hybrid.bench.floor import StepReads
-from hybrid.bench.runner import _summarise, measure_cell
+from hybrid.bench.runner import _summarise, headline, measure_cell
 
 ROOT = Path(__file__).resolve().parents[2]
 NUMBERS = ["ms_per_token", "ms_per_token_min", "ms_per_token_max", "tokens_per_s", "prefill_ms", "step_bytes",
@@ -141,3 +141,19 @@ def test_fast_path_rows_time_their_export_apart_and_int8_reads_fewer_bytes(tiny_
     assert "Export or compilation" in (tiny_results / "summary.md").read_text()
     targets = {check["target"] for check in results["headline"]}
     assert any("CTranslate2 fp32" in target for target in targets)
+
+
+def test_headline_ratios_point_the_right_way():
+    # One cell where the LSTM fast path takes twice CTranslate2's time and transformers takes three
+    # times the KV cache's: a multiple target must read 2.0 (missed), a speed-up target 3.0 (met).
+    def row(model, ms):
+        return {"model": model, "batch": 1, "new_tokens": 256, "sweep": "grid", "ms_per_token": ms}
+
+    results = {"rows": [row("lstm+fast", 1.0), row("bart-ct2-float32", 0.5),
+                        row("attention+kv-cache", 1.0), row("bart-hf-generate", 3.0)]}
+    checks = {check["target"]: check for check in headline(results)}
+    multiple = checks["LSTM fast path ms/token as a multiple of CTranslate2 fp32's, 1 x 256"]
+    assert multiple["measured"] == pytest.approx(2.0) and multiple["met"] is False
+    speed_up = checks["KV-cached attention vs transformers' BART generate(), batch 1 x 256"]
+    assert speed_up["measured"] == pytest.approx(3.0) and speed_up["met"] is True
+    assert checks["LSTM int8 vs CTranslate2 int8, 64 x 256 (ahead: > 1)"]["met"] is None  # cell not run
