@@ -120,6 +120,19 @@ def test_pad_token_id_is_never_generated_by_the_refilled_command_line(exported, 
     assert lines != [decode_alone(model, tokenizer, text, **GREEDY) for text in sources]
 
 
+def test_the_command_line_runs_the_fast_path_and_gets_the_eager_answer(exported, loaded, tmp_path):
+    model, tokenizer = loaded
+    sources = words(17, seed=10)
+    (tmp_path / "in.txt").write_text("\n".join(sources) + "\n")
+    hybrid(f"ckpt_path={exported}", "input=in.txt", "output=fast.txt", "max_new_tokens=12", "optimize=true",
+           "progress=false", cwd=tmp_path)
+    assert (tmp_path / "fast.txt").read_text().split("\n")[:-1] == [
+        decode_alone(model, tokenizer, text, **GREEDY) for text in sources]
+    hybrid(f"ckpt_path={exported}", "input=in.txt", "output=int8.txt", "max_new_tokens=12", "optimize=true",
+           "quantize=int8", "progress=false", cwd=tmp_path)
+    assert len((tmp_path / "int8.txt").read_text().split("\n")) == len(sources) + 1
+
+
 def test_a_rerun_skips_finished_shards_and_writes_the_same_bytes(loaded, tmp_path, monkeypatch):
     model, tokenizer = loaded
     (tmp_path / "in.txt").write_text("\n".join(words(200, seed=3)) + "\n")
