@@ -127,6 +127,9 @@ class CrossAttention(nn.Module):
     def forward(self, x: Tensor, keys: Tensor, values: Tensor, key_mask: Tensor) -> Tensor:
         """x: (B, T, D) queries; keys/values: (B, nh, S, hd); key_mask: (B, 1, 1, S)."""
         q = split_heads(self.query(x), self.n_heads)  # (B, nh, T, hd)
+        # The mask spelled out over the queries (a view): ONNX Runtime's Attention operator, which the
+        # fast path exports this call to, does not broadcast the mask's query dimension.
+        mask = key_mask.expand(-1, -1, q.shape[2], -1)
         y = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=key_mask, dropout_p=self.dropout if self.training else 0.0)
+            q, keys, values, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
         return self.out(merge_heads(y))
