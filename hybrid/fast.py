@@ -119,6 +119,11 @@ class OnnxStep:
         dtype = next(model.parameters()).dtype
         if dtype != torch.float32:
             raise ValueError(f"the ONNX Runtime path runs float32 models on a CPU; this one is {dtype}")
+        if any(parameter.is_inference() for parameter in model.parameters()):
+            # Their version counters, which the stale-weights check reads, do not exist.
+            raise ValueError("the model's parameters are inference tensors (made or copied inside "
+                             "torch.inference_mode()); build, load or copy the model outside it, then call "
+                             "optimize_for_inference()")
         self.model, self.quantize = model, quantize
         self.threads = torch.get_num_threads()
         self.sessions: dict[int, object] = {}

@@ -119,3 +119,10 @@ def test_int8_keeps_the_g2p_phoneme_error_rate_within_half_a_point(tmp_path):
     assert per["eager"] < 0.6  # it learned something, so that the comparison means something
     assert per["fp32"] == pytest.approx(per["eager"], abs=1e-3)
     assert abs(per["int8"] - per["fp32"]) <= 0.005, per
+
+
+def test_the_fast_path_refuses_a_model_made_inside_inference_mode():
+    with torch.inference_mode():
+        model = tiny_model(["lstm"], seed=38)
+    with pytest.raises(ValueError, match="inference tensors"):
+        model.optimize_for_inference()
