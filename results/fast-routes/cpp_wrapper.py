@@ -29,7 +29,7 @@ with torch.inference_mode():
     print(f"compile: {time.perf_counter() - begin:.1f} s")
     times = {"eager": [], "inductor cpp_wrapper": []}
     for _ in range(5):
-        for name, model in zip(times, (eager, compiled)):
+        for name, model in zip(times, (eager, compiled), strict=True):
             begin = time.perf_counter()
             model.generate(src, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
             times[name].append(1000 * (time.perf_counter() - begin) / new_tokens)
