@@ -17,7 +17,7 @@ from conftest import decode_alone, tiny_model
 
 from hybrid import inference
 from hybrid.generation.bulk import RefillDecoder
-from hybrid.inference import BulkJob, ShardStore, read_sources, run_bulk
+from hybrid.inference import BulkJob, ShardStore, count_sources, read_sources, run_bulk
 from hybrid.training import Seq2SeqTokenizer
 
 ALPHABET = "abcdefghij"
@@ -79,6 +79,17 @@ def test_every_input_format_yields_the_sources(tmp_path, name):
     path = tmp_path / name
     path.write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
     assert list(read_sources(path)) == sources  # "unnamed" is sniffed as TSV from its first line
+
+
+def test_records_end_at_newlines_only_so_output_line_i_answers_input_line_i(loaded, tmp_path):
+    # A bare carriage return inside a line, a CRLF line and a blank line: three inputs, three outputs.
+    (tmp_path / "in.txt").write_bytes(b"ab\rcd\nxy\r\n\n")
+    assert list(read_sources(tmp_path / "in.txt")) == ["ab\rcd", "xy", ""]
+    assert count_sources(tmp_path / "in.txt") == 3
+    model, tokenizer = loaded
+    job = BulkJob(generation=GREEDY, max_tokens=36, window=15, shard_size=2)
+    assert run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), job, progress=False)
+    assert (tmp_path / "out.txt").read_bytes().count(b"\n") == 3
 
 
 def test_a_malformed_jsonl_line_is_named(tmp_path):
