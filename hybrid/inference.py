@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import itertools
 import json
@@ -161,6 +162,7 @@ class ShardStore:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.fingerprint, self.worker = fingerprint, worker
+        self._lock = _lock(self.directory / f"lock-{worker}", f"worker {worker} of {self.directory}")
         self.manifest_path = self.directory / f"manifest-{worker}.json"
         own = self._read(self.manifest_path) if self.manifest_path.exists() else None
         self.ranges: list[list[int]] = own["done"] if own else []
@@ -172,7 +174,8 @@ class ShardStore:
             differ = sorted(key for key in {**manifest["job"], **self.fingerprint}
                             if manifest["job"].get(key) != self.fingerprint.get(key))
             raise ValueError(f"{self.directory} holds shards of a job with other settings ({', '.join(differ)} "
-                             "differ): rerun with the same arguments, give another work_dir, or resume=false")
+                             "differ): rerun with the same input, model and arguments, give another work_dir, "
+                             "or pass resume=false to start over")
         return manifest
 
     def manifests(self) -> list[dict[str, Any]]:
@@ -417,8 +420,7 @@ def run_bulk(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, input: str | None, out
         work_dir = work_dir or f"{output}.parts"
         if not resume:
             shutil.rmtree(work_dir, ignore_errors=True)
-        store = ShardStore(work_dir, job.fingerprint(input=_describe_input(input), **(fingerprint or {})),
-                           worker.name)
+        store = ShardStore(work_dir, job_fingerprint(job, model, tokenizer, input, fingerprint), worker.name)
         decode_to_store(model, tokenizer, input, input_format, job, store, worker, progress)
         merged = store.merge(sys.stdout if to_stdout else output, keep_shards=keep_shards)
         if not merged:
@@ -428,6 +430,45 @@ def run_bulk(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, input: str | None, out
 
 def _describe_input(input: str | None) -> str:
     return "-" if input is None or input == "-" else str(Path(input).resolve())
+
+
+def _lock(path: Path, what: str):
+    """Hold an exclusive lock on ``path`` (released when the returned file is closed, or the process
+    ends, however it ends), or raise naming the process that holds it."""
+    handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held open for the store's life)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise RuntimeError(f"{what} is in use by {holder}: two jobs must not write the same shards; wait for it "
+                           "to end, or give this job another work_dir (or output)") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"process {os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def job_fingerprint(job: BulkJob, model: Seq2Seq, tokenizer: Seq2SeqTokenizer, input: str | None,
+                    more: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything that decides a bulk job's output, as its manifests record it: the options, the input
+    (its path and a digest of its bytes; standard input has none), the model (a digest of its config
+    and weights), the tokenizer, and ``more``. A rerun whose fingerprint differs is refused, so an
+    edited input or a replaced model never reuses shards of the old one."""
+    model_digest = hashlib.blake2b(json.dumps(model.config.to_dict(), sort_keys=True).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        model_digest.update(name.encode())
+        model_digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    input_digest = None
+    if input is not None and input != "-":
+        with open(input, "rb") as file:
+            input_digest = hashlib.file_digest(file, "blake2b").hexdigest()
+    return job.fingerprint(input=_describe_input(input), input_blake2b=input_digest,
+                           model_blake2b=model_digest.hexdigest(),
+                           tokenizer_blake2b=hashlib.blake2b(tokenizer.to_json_str().encode()).hexdigest(),
+                           **(more or {}))
 
 
 # ----- many processes: Lightning's predict with DDP -------------------------------------------
@@ -452,7 +493,7 @@ def run_bulk_ddp(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, input: str, output
                          "output= files, not standard input or output")
     index, count = parse_shard(shard)
     work_dir = work_dir or f"{output}.parts"
-    fingerprint = job.fingerprint(input=_describe_input(input), **(fingerprint or {}))
+    fingerprint = job_fingerprint(job, model, tokenizer, input, fingerprint)
 
     class BulkPredictor(lightning.LightningModule):
         def __init__(self) -> None:

@@ -1,6 +1,7 @@
 """Bulk inference: input formats, input order, refill equal to decoding alone, resumption after SIGKILL,
 ``shard=i/n`` splits and the DDP path, against an exported tiny model."""
 
+import copy
 import gzip
 import json
 import os
@@ -183,6 +184,31 @@ def test_a_rerun_with_other_settings_is_refused(loaded, tmp_path):
     other = BulkJob(generation={"max_new_tokens": 5}, shard_size=1)
     with pytest.raises(ValueError, match=r"other settings \(generation differ\)"):
         run_bulk(model, tokenizer, str(tmp_path / "in.txt"), "-", other, work_dir=str(tmp_path / "work"))
+
+
+def test_a_rerun_after_the_input_or_the_model_changed_is_refused(loaded, tmp_path):
+    model, tokenizer = loaded
+    (tmp_path / "in.txt").write_text("abc\nde\n")
+    job, work = BulkJob(generation=GREEDY, shard_size=1), str(tmp_path / "work")
+    run_bulk(model, tokenizer, str(tmp_path / "in.txt"), "-", job, work_dir=work, keep_shards=True, progress=False)
+    (tmp_path / "in.txt").write_text("abd\nde\n")  # same path, same size, one byte edited
+    with pytest.raises(ValueError, match=r"\(input_blake2b differ\).*resume=false"):
+        run_bulk(model, tokenizer, str(tmp_path / "in.txt"), "-", job, work_dir=work, progress=False)
+    (tmp_path / "in.txt").write_text("abc\nde\n")
+    replaced = copy.deepcopy(model)
+    with torch.no_grad():
+        replaced.lm_head.weight[0, 0] += 1e-3
+    with pytest.raises(ValueError, match=r"\(model_blake2b differ\)"):
+        run_bulk(replaced, tokenizer, str(tmp_path / "in.txt"), "-", job, work_dir=work, progress=False)
+
+
+def test_two_jobs_never_write_the_same_shards(tmp_path):
+    first = ShardStore(tmp_path, {"job": 1}, "0-of-1")
+    with pytest.raises(RuntimeError, match=rf"worker 0-of-1 of {tmp_path} is in use by process {os.getpid()}"):
+        ShardStore(tmp_path, {"job": 1}, "0-of-1")
+    ShardStore(tmp_path, {"job": 1}, "1-of-2")  # another worker of a split job shares the folder
+    del first  # its lock goes with it (and with its process, however that ends)
+    ShardStore(tmp_path, {"job": 1}, "0-of-1")
 
 
 def test_shard_splits_partition_the_input_and_the_last_job_merges(loaded, tmp_path):
