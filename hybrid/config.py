@@ -62,6 +62,13 @@ class ModelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.vocab_size:
                 raise ValueError(f"{name} must be an int in [0, vocab_size={self.vocab_size}), got {value!r}")
+        if not (isinstance(self.layer_norm_eps, (int, float)) and not isinstance(self.layer_norm_eps, bool)
+                and 0.0 < self.layer_norm_eps < 1.0):  # NaN fails the comparison too
+            raise ValueError(f"layer_norm_eps must be a float in (0, 1), got {self.layer_norm_eps!r}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ValueError(f"tie_embeddings must be true or false, got {self.tie_embeddings!r}")
+        if not isinstance(self.extra, dict):
+            raise ValueError(f"extra must be a dict (free-form metadata), got {self.extra!r}")
         if len({self.pad_id, self.bos_id}) != 2 or self.pad_id == self.eos_id:
             raise ValueError(
                 f"pad_id ({self.pad_id}) must differ from bos_id ({self.bos_id}) and eos_id ({self.eos_id})")
@@ -71,13 +78,19 @@ class ModelConfig:
         allowed = sorted(MIXERS)
         if isinstance(mixers, str):
             mixers = [mixers] * self.decoder_layers
-        else:
+        elif isinstance(mixers, Sequence):
             mixers = list(mixers)
             if len(mixers) != self.decoder_layers:
                 raise ValueError(
                     f"decoder_mixers lists {len(mixers)} names but decoder_layers is {self.decoder_layers}; "
                     "give one name for all layers or exactly one per layer")
+        else:
+            raise ValueError(f"decoder_mixers must be a mixer name or a list of one name per layer; allowed "
+                             f"names: {allowed}; got {mixers!r}")
         for name in mixers:
+            if not isinstance(name, str):
+                raise ValueError(f"decoder_mixers: each entry must be a mixer name (one of {allowed}), "
+                                 f"got {name!r}")
             if name not in MIXERS:
                 raise ValueError(f"decoder_mixers: unknown mixer {name!r}; allowed: {allowed}")
         return mixers
@@ -95,15 +108,21 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        """Rebuild a config from :meth:`to_dict` output; unknown keys are an error, not ignored."""
+    def from_dict(cls, data: dict[str, Any], partial: bool = False) -> ModelConfig:
+        """Rebuild a config from :meth:`to_dict` output; unknown keys are an error, not ignored, and so
+        are missing ones, unless ``partial`` (a config node that lists only what it changes)."""
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        if not isinstance(data, dict):
+            raise ValueError(f"a ModelConfig is a JSON object of its fields, got {type(data).__name__}")
+        unknown, missing = sorted(set(data) - known), sorted(known - set(data))
         if unknown:
             raise ValueError(f"unknown ModelConfig fields {unknown}; allowed: {sorted(known)}")
+        if missing and not partial:  # a default would silently build another shape than the weights were trained in
+            raise ValueError(f"ModelConfig fields {missing} are missing; a saved config holds every field")
         return cls(**dict(data))
 
 
 def _require_positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+

@@ -270,7 +270,15 @@ class Seq2Seq(nn.Module):
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             if not (directory / name).is_file():
                 raise FileNotFoundError(f"{directory} has no {name}; expected a save_pretrained directory")
-        config = ModelConfig.from_dict(json.loads((directory / CONFIG_FILE).read_text()))
+        config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
+        try:
+            config = ModelConfig.from_dict(json.loads(config_path.read_text(encoding="utf-8")))
+        except (ValueError, TypeError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise ValueError(f"{config_path} is not a valid model config: {error}") from error
         model = cls(config)
-        load_model(model, str(directory / WEIGHTS_FILE), strict=True, device=str(device))
+        try:
+            load_model(model, str(weights_path), strict=True, device=str(device))
+        except Exception as error:  # safetensors raises its own error types for a truncated file
+            raise ValueError(f"{weights_path} does not hold this config's weights (truncated, corrupt or "
+                             f"from another model): {error}") from error
         return model.to(device).eval()

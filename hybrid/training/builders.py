@@ -28,7 +28,7 @@ def model_config_from(model: DictConfig | dict[str, Any], vocab_size: int) -> Mo
     """The ``ModelConfig`` of the ``model`` config node, with the data's vocabulary and the fixed special ids."""
     fields = OmegaConf.to_container(model, resolve=True) if isinstance(model, DictConfig) else dict(model)
     return ModelConfig.from_dict({**fields, "vocab_size": vocab_size, "pad_id": PAD_ID, "bos_id": BOS_ID,
-                                  "eos_id": EOS_ID})
+                                  "eos_id": EOS_ID}, partial=True)
 
 
 def build_module(cfg: DictConfig, model_config: ModelConfig, datamodule: Seq2SeqDataModule) -> LitSeq2Seq:

@@ -143,7 +143,7 @@ class LitSeq2Seq(LightningModule):
         # The tokenizer is kept out of the hyperparameters (loggers would print its whole vocabulary);
         # on_save_checkpoint stores it instead.
         self.save_hyperparameters(ignore=["tokenizer"])
-        self.model = Seq2Seq(ModelConfig.from_dict(model_config))
+        self.model = Seq2Seq(ModelConfig.from_dict(model_config, partial=True))  # the fields it changes
         self.tokenizer = tokenizer
         vocab_size, pad_id = self.model.config.vocab_size, self.model.config.pad_id
         # One metric object per stage and name, keyed "{stage}_{name}" (a key may not be "train",

@@ -36,6 +36,15 @@ def test_lstm_width_defaults_to_d_model():
     (dict(pad_id=-1), ["pad_id"]),
     (dict(bos_id=0, pad_id=0), ["pad_id", "bos_id"]),
     (dict(dropout=1.5), ["dropout"]),
+    (dict(dropout=float("nan")), ["dropout"]),
+    (dict(layer_norm_eps=-1), ["layer_norm_eps"]),
+    (dict(layer_norm_eps=float("nan")), ["layer_norm_eps"]),
+    (dict(layer_norm_eps="x"), ["layer_norm_eps"]),
+    (dict(tie_embeddings="no"), ["tie_embeddings"]),
+    (dict(extra=[1]), ["extra"]),
+    (dict(decoder_mixers=None), ["decoder_mixers", *MIXERS]),
+    (dict(decoder_mixers=5), ["decoder_mixers"]),
+    (dict(decoder_layers=2, decoder_mixers=[["lstm"], ["lstm"]]), ["decoder_mixers", "['lstm']"]),
 ])
 def test_bad_fields_raise_value_error_naming_them(fields, names):
     with pytest.raises(ValueError) as error:
@@ -47,3 +56,12 @@ def test_bad_fields_raise_value_error_naming_them(fields, names):
 def test_from_dict_rejects_unknown_fields():
     with pytest.raises(ValueError, match="unknown ModelConfig fields.*'widht'"):
         ModelConfig.from_dict({"widht": 3})
+
+
+def test_from_dict_rejects_missing_fields_rather_than_filling_in_defaults():
+    data = ModelConfig(d_model=64, n_heads=2).to_dict()
+    del data["d_model"]  # a default would build a model of another width than the saved weights
+    with pytest.raises(ValueError, match=r"fields \['d_model'\] are missing"):
+        ModelConfig.from_dict(data)
+    with pytest.raises(ValueError, match="JSON object"):
+        ModelConfig.from_dict(["not", "a", "dict"])

@@ -42,3 +42,22 @@ def test_weights_are_safetensors_not_pickle(tmp_path):
 def test_loading_from_a_folder_without_a_model_says_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         Seq2Seq.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["config not json", "config field missing", "weights truncated"])
+def test_a_damaged_save_is_refused_naming_the_file(tmp_path, damage):
+    tiny_model(["lstm"], seed=3).save_pretrained(tmp_path)
+    config, weights = tmp_path / "config.json", tmp_path / "model.safetensors"
+    if damage == "config not json":
+        config.write_text(config.read_text()[:-5])
+        culprit = config
+    elif damage == "config field missing":
+        data = json.loads(config.read_text())
+        del data["d_ff"]
+        config.write_text(json.dumps(data))
+        culprit = config
+    else:
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+        culprit = weights
+    with pytest.raises(ValueError, match=str(culprit)):
+        Seq2Seq.from_pretrained(tmp_path)
