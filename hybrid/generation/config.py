@@ -73,6 +73,24 @@ class GenerationConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad option and what is allowed."""
+        for name in ("do_sample", "use_cache", "return_dict_in_generate"):  # "no" would be truthy
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.output_scores is not None and not isinstance(self.output_scores, bool):
+            raise ValueError(f"output_scores must be True, False or None, got {self.output_scores!r}")
+        if self.pad_token_id is not None and not _is_id(self.pad_token_id):
+            raise ValueError(f"pad_token_id must be a token id (an int >= 0) or None, got {self.pad_token_id!r}")
+        eos = self.eos_token_id
+        if eos is not None and not (_is_id(eos) or (isinstance(eos, Sequence) and not isinstance(eos, str)
+                                                    and len(eos) > 0 and all(_is_id(i) for i in eos))):
+            raise ValueError(f"eos_token_id must be a token id (an int >= 0), a non-empty list of them, or None; "
+                             f"got {eos!r}")
+        if self.bad_words_ids is not None and not (
+                isinstance(self.bad_words_ids, Sequence) and all(
+                    isinstance(word, Sequence) and len(word) > 0 and all(_is_id(i) for i in word)
+                    for word in self.bad_words_ids)):
+            raise ValueError(f"bad_words_ids must be a list of non-empty lists of token ids, e.g. [[5], [7, 8]]; "
+                             f"got {self.bad_words_ids!r}")
         _int_at_least("max_new_tokens", self.max_new_tokens, 1)
         _int_at_least("min_new_tokens", self.min_new_tokens, 0)
         if self.min_new_tokens > self.max_new_tokens:
@@ -115,7 +133,7 @@ class GenerationConfig:
             _int_at_least("eos_check_interval", self.eos_check_interval, 1)
         for name in ("logits_processor", "stopping_criteria"):
             value = getattr(self, name)
-            if value is not None and not all(callable(item) for item in value):
+            if value is not None and not (isinstance(value, Sequence) and all(callable(item) for item in value)):
                 raise ValueError(f"{name} must be a list of callables (input_ids, scores) -> ...")
         if self.decoder_input_ids is not None and not isinstance(self.decoder_input_ids, torch.Tensor):
             raise ValueError("decoder_input_ids must be a LongTensor [batch, length] padded with pad_token_id")

@@ -349,7 +349,8 @@ def _pool_is_closed(config: GenerationConfig, pool_scores: Tensor, beam_scores: 
         return full
     best_running = beam_scores[:, 0]
     if config.early_stopping == "never" and config.length_penalty > 0:
-        bound = best_running / config.max_new_tokens ** config.length_penalty
+        # In the scores' dtype, so a huge penalty gives inf, as transformers' tensors do, not an OverflowError.
+        bound = best_running / best_running.new_tensor(float(config.max_new_tokens)) ** config.length_penalty
     else:
         bound = best_running / generated.to(best_running.dtype) ** config.length_penalty
     return full & (pool_scores[:, -1] >= bound)

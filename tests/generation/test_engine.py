@@ -278,6 +278,20 @@ def test_encoder_runs_once_per_source_and_finished_rows_leave(monkeypatch):
     (dict(generator=3), "generator"),
     (dict(decoder_input_ids=torch.tensor([[1, 0, 5]] * 2)), "decoder_input_ids"),
     (dict(max_lenght=4), "max_lenght"),
+    (dict(do_sample="yes"), "do_sample"),
+    (dict(use_cache="no"), "use_cache"),
+    (dict(return_dict="no"), "return_dict_in_generate"),
+    (dict(eos_token_id=True), "eos_token_id"),
+    (dict(eos_token_id=2.0), "eos_token_id"),
+    (dict(eos_token_id=[2, "3"]), "eos_token_id"),
+    (dict(pad_token_id=-1), "pad_token_id"),
+    (dict(pad_token_id=20), "pad_token_id"),  # the tiny model's vocabulary size
+    (dict(pad_token_id=True), "pad_token_id"),
+    (dict(bad_words_ids=[5]), "bad_words_ids"),
+    (dict(bad_words_ids=[[]]), "bad_words_ids"),
+    (dict(bad_words_ids=[["a"]]), "bad_words_ids"),
+    (dict(logits_processor=lambda ids, scores: scores), "logits_processor"),
+    (dict(stopping_criteria=[3]), "stopping_criteria"),
 ])
 def test_bad_options_raise_before_any_compute(options, name):
     model = tiny_model(["lstm"])
@@ -288,6 +302,13 @@ def test_bad_options_raise_before_any_compute(options, name):
     model.encode = no_compute
     with pytest.raises(ValueError, match=name):
         model.generate(padded_batch([3, 2]), **options)
+
+
+def test_a_huge_length_penalty_scores_instead_of_overflowing():
+    model = tiny_model(["lstm"], seed=16)
+    out = model.generate(padded_batch([3, 2]), max_new_tokens=4, num_beams=2, length_penalty=1e9,
+                         early_stopping="never")
+    assert out.shape[0] == 2
 
 
 def test_transformers_processors_work_unchanged():
