@@ -141,6 +141,10 @@ class Seq2Seq(nn.Module):
         """
         tgt_ids = check_token_ids("tgt_ids", tgt_ids, self.config.vocab_size, ndim=2)
         check_length("target length", tgt_ids.shape[1], self.config.max_positions, "max_positions")
+        if isinstance(src_ids, Tensor) and src_ids.dim() == 2 and src_ids.shape[0] != tgt_ids.shape[0]:
+            # One target row would otherwise broadcast silently against every source.
+            raise ValueError(f"tgt_ids has {tgt_ids.shape[0]} rows but src_ids has {src_ids.shape[0]}: "
+                             "give one target row per source")
         memory, key_mask = self.encode(src_ids, src_mask)
         return self.decode(tgt_ids, memory, key_mask)
 

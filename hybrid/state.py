@@ -54,6 +54,13 @@ class DecodeState:
         """
         if index.dim() != 1:
             raise ValueError(f"reorder index must be 1-D, got shape {tuple(index.shape)}")
+        if index.dtype in (torch.bool, torch.uint8) or index.is_floating_point() or index.is_complex():
+            raise ValueError(f"reorder index must hold integer row numbers, got dtype {index.dtype}")
+        # Checked where reading it is free (a CPU index); on a GPU the check would be a host sync at every
+        # beam step, so there index_select's own device-side check stands.
+        if index.device.type == "cpu" and index.numel() and not bool(((index >= 0) & (index < self.batch_size)).all()):
+            raise ValueError(f"reorder index holds rows outside [0, {self.batch_size}) "
+                             f"(min {int(index.min())}, max {int(index.max())})")
         index = index.to(self.memory_mask.device)
         for state in self.mixer_states:
             state.reorder(index)

@@ -67,6 +67,24 @@ def test_target_ids_are_checked(model):
         model(SRC, TGT + VOCAB - 3)
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_forward_wants_one_target_row_per_source(model, rows):
+    with pytest.raises(ValueError, match=rf"tgt_ids has {rows} rows but src_ids has 2"):
+        model(SRC, TGT[:1].repeat(rows, 1))
+
+
+@pytest.mark.parametrize("index, message", [
+    (torch.tensor([0, 2]), r"outside \[0, 2\)"),
+    (torch.tensor([-1]), r"outside \[0, 2\)"),
+    (torch.tensor([True, False]), "integer row numbers"),
+    (torch.tensor([0.0]), "integer row numbers"),
+])
+def test_reorder_names_a_bad_index(model, index, message):
+    state = model.start(SRC, max_steps=2)
+    with pytest.raises(ValueError, match=message):
+        state.reorder(index)
+
+
 def test_step_checks_ids_and_batch_size(model):
     state = model.start(SRC, max_steps=2)
     with pytest.raises(ValueError, match=r"token_ids has 3 rows but the state holds 2 sequences"):
