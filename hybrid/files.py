@@ -90,10 +90,11 @@ def _sync_folder(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def open_input(path: str | os.PathLike | None, encoding: str | None = "utf-8") -> Iterator[IO]:
+def open_input(path: str | os.PathLike | None, encoding: str | None = "utf-8", errors: str = "strict") -> Iterator[IO]:
     """``path``'s content as a stream (standard input for None or ``"-"``), decompressed when it starts
     with gzip's magic bytes, whatever its name; text in ``encoding``, or bytes for ``encoding=None``.
-    Text lines end at ``"\n"`` only (a ``"\r\n"`` keeps its ``"\r"`` for the reader to strip).
+    Text lines end at ``"\n"`` only (a ``"\r\n"`` keeps its ``"\r"`` for the reader to strip);
+    ``errors`` is the decoding's error handler (``"surrogateescape"`` keeps bad bytes readable).
 
     Standard input is left open afterwards, so a caller can go on reading it; a file is closed.
     """
@@ -106,7 +107,7 @@ def open_input(path: str | os.PathLike | None, encoding: str | None = "utf-8") -
             return
         # newline="\n": records end at "\n" only. Universal newlines would also end one at a bare "\r"
         # inside a line, and output line i would stop answering input line i.
-        text = io.TextIOWrapper(raw, encoding=encoding, newline="\n")
+        text = io.TextIOWrapper(raw, encoding=encoding, errors=errors, newline="\n")
         try:
             yield text
         finally:

@@ -46,6 +46,22 @@ from hybrid.training.tokenizer import Seq2SeqTokenizer
 logger = logging.getLogger(__name__)
 
 FORMATS = ("auto", *INPUT_FORMATS)
+# What a bulk job does with an input line it cannot decode (invalid UTF-8, a JSONL line without a string
+# "source", a source longer than the model's max_positions). Every such line is counted, logged and
+# listed with its line number in <output>.rejects.tsv; then
+ON_ERROR = {
+    "empty": "it gets an empty output line, so output line i still answers input line i",
+    "skip": "it gets no output line (the rejects file says which lines are missing)",
+    "fail": "the job stops with an error naming the line",
+}
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """An input line that cannot be decoded: its 1-based number in the input, and why."""
+
+    line: int
+    reason: str
 
 
 @dataclass
@@ -64,11 +80,14 @@ class BulkJob:
     refill: bool = True
     shard_size: int = 10000
     seed: int = 0
+    on_error: str = "empty"  # an input line that cannot be decoded: see ON_ERROR
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "max_batch_size", "window", "shard_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {sorted(ON_ERROR)}, got {self.on_error!r}")
         GenerationConfig.from_kwargs(**self.generation)  # a bad option fails before any input is read
 
     def fingerprint(self, **more: Any) -> dict[str, Any]:
@@ -78,20 +97,28 @@ class BulkJob:
 # ----- input ---------------------------------------------------------------------------------
 
 
-def read_sources(path: str | os.PathLike | None, input_format: str = "auto") -> Iterator[str]:
+def read_sources(path: str | os.PathLike | None, input_format: str = "auto") -> Iterator[str | Rejected]:
     """Every source of the input, one per line, streamed: the line (``text``), its first tab-separated
     field (``tsv``) or its ``"source"`` (``jsonl``). ``auto`` applies :func:`hybrid.files.detect_format`
-    (the name, else the first line). A blank line is an empty source, so output line ``i`` always
-    answers input line ``i``."""
+    (the name, else the first line). A blank line is an empty source, and a line that holds no source
+    (invalid UTF-8, a JSONL line without a string ``"source"``) is a :class:`Rejected`, so item ``i``
+    always stands for input line ``i``."""
     if input_format not in FORMATS:
         raise ValueError(f"input_format must be one of {FORMATS}, got {input_format!r}")
-    with open_input(path) as stream:
+    # surrogateescape: a line of invalid UTF-8 is read (its bad bytes as lone surrogates) and rejected
+    # on its own, instead of a UnicodeDecodeError ending the whole input.
+    with open_input(path, errors="surrogateescape") as stream:
         lines = (line.rstrip("\r\n") for line in stream)
         first = next(lines, None)
         if first is None:
             return
         kind = detect_format(path, first) if input_format == "auto" else input_format
         for number, line in enumerate(itertools.chain([first], lines), start=1):
+            try:
+                line.encode("utf-8")
+            except UnicodeEncodeError:
+                yield Rejected(number, "the line is not valid UTF-8")
+                continue
             if kind == "text":
                 yield line
             elif not line.strip():
@@ -99,18 +126,29 @@ def read_sources(path: str | os.PathLike | None, input_format: str = "auto") -> 
             elif kind == "tsv":
                 yield line.split("\t", 1)[0]
             else:
-                try:
-                    yield str(json.loads(line)["source"])
-                except (json.JSONDecodeError, KeyError, TypeError) as error:
-                    raise ValueError(f"{path}:{number}: expected a JSON object with a \"source\" key "
-                                     f"({error.__class__.__name__}: {error})") from error
+                yield _jsonl_source(line, number)
+
+
+def _jsonl_source(line: str, number: int) -> str | Rejected:
+    """The ``"source"`` string of one JSONL line, or why there is none (null, a list, a number: not text)."""
+    expected = 'expected a JSON object with a string "source"'
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        return Rejected(number, f"{expected}; the line is not JSON ({error})")
+    if not isinstance(record, dict) or "source" not in record:
+        return Rejected(number, f"{expected}; got {type(record).__name__}" +
+                        (" without one" if isinstance(record, dict) else ""))
+    if not isinstance(record["source"], str):
+        return Rejected(number, f"{expected}; its \"source\" is {json.dumps(record['source'])[:40]}")
+    return record["source"]
 
 
 def count_sources(path: str | os.PathLike | None) -> int | None:
     """The number of inputs of a file (None for standard input, which can be read only once)."""
     if path is None or str(path) == "-":
         return None
-    with open_input(path) as stream:
+    with open_input(path, encoding=None) as stream:  # bytes: lines end at b"\n", as read_sources' do
         return sum(1 for _ in stream)
 
 
@@ -120,7 +158,7 @@ class Shard:
 
     index: int
     start: int
-    texts: list[str]
+    texts: list[str | Rejected]
 
     @property
     def end(self) -> int:
@@ -131,7 +169,8 @@ class ShardReader:
     """The shards of ``sources`` for which ``wanted(index, start)`` holds, read in one pass; the others
     are read past. ``total`` is the number of sources once the input is exhausted."""
 
-    def __init__(self, sources: Iterable[str], shard_size: int, wanted: Callable[[int, int], bool]) -> None:
+    def __init__(self, sources: Iterable[str | Rejected], shard_size: int,
+                 wanted: Callable[[int, int], bool]) -> None:
         self.sources, self.shard_size, self.wanted = iter(sources), shard_size, wanted
         self.total: int | None = None
 
@@ -188,8 +227,14 @@ class ShardStore:
     def shard_path(self, start: int, end: int) -> Path:
         return self.directory / f"shard-{start:012d}-{end:012d}.txt"
 
-    def save(self, shard: Shard, lines: list[str]) -> None:
-        """Write a finished shard, then record it in this worker's manifest (each step atomic)."""
+    def rejects_path(self, start: int, end: int) -> Path:
+        return self.directory / f"rejects-{start:012d}-{end:012d}.tsv"
+
+    def save(self, shard: Shard, lines: list[str], rejects: dict[int, str] | None = None) -> None:
+        """Write a finished shard (and its rejected lines: input line number, tab, why), then record it
+        in this worker's manifest (each step atomic)."""
+        write_atomically(self.rejects_path(shard.start, shard.end),
+                         "".join(f"{line}\t{reason}\n" for line, reason in sorted((rejects or {}).items())))
         write_atomically(self.shard_path(shard.start, shard.end), "".join(f"{line}\n" for line in lines))
         self.ranges = sorted([*self.ranges, [shard.start, shard.end]])
         self._save_manifest()
@@ -237,6 +282,15 @@ class ShardStore:
             return False
         try:
             if isinstance(output, (str, os.PathLike)):
+                rejects = "".join(self.rejects_path(start, end).read_text(encoding="utf-8")
+                                  for start, end in ranges if self.rejects_path(start, end).exists())
+                rejects_file = Path(f"{output}.rejects.tsv")
+                if rejects:
+                    write_atomically(rejects_file, rejects)
+                    logger.warning("%d input line(s) could not be decoded: %s lists them",
+                                   rejects.count("\n"), rejects_file)
+                else:
+                    rejects_file.unlink(missing_ok=True)  # an earlier run's list would mislead
                 write_atomically(output, lambda temporary: self._concatenate(ranges, temporary))
             else:
                 for start, end in ranges:
@@ -259,9 +313,12 @@ def shard_seed(seed: int, shard_index: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{shard_index}".encode()).digest()[:7], "little")
 
 
-def decode_shard(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, texts: list[str], job: BulkJob,
-                 seed: int | None = None, on_done: Callable[[int, int], None] | None = None) -> list[str]:
-    """One output line per text, in order: its ``num_return_sequences`` predictions, tab-separated.
+def decode_shard(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, texts: list[str | Rejected], job: BulkJob,
+                 seed: int | None = None, on_done: Callable[[int, int], None] | None = None,
+                 ) -> tuple[list[str], dict[int, str]]:
+    """One output line per text, in order (its ``num_return_sequences`` predictions, tab-separated), and
+    the texts that could not be decoded, by index, with why: a :class:`Rejected` one, or a source longer
+    than the model's ``max_positions``. Those get an empty line here; ``job.on_error`` decides the rest.
 
     Sources are bucketed by length and batched by ``job.max_tokens``, then decoded with continuous
     refill when the options allow it, else batch by batch with ``generate``. ``seed`` seeds
@@ -270,10 +327,19 @@ def decode_shard(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, texts: list[str], 
     device = next(model.parameters()).device
     copies = job.generation.get("num_return_sequences", 1)
     lines = ["\t".join([""] * copies)] * len(texts)  # an empty source gets empty predictions
-    sources = [Source(index, tokenizer.encode_source(text)) for index, text in enumerate(texts)]
-    sources = [source for source in sources if source.ids]
+    rejects, sources = {}, []
+    limit = model.config.max_positions
+    for index, text in enumerate(texts):
+        if isinstance(text, Rejected):
+            rejects[index] = text.reason
+            continue
+        ids = tokenizer.encode_source(text)
+        if len(ids) > limit:
+            rejects[index] = f"the source has {len(ids)} tokens; the model's max_positions is {limit}"
+        elif ids:
+            sources.append(Source(index, ids))
     if not sources:
-        return lines
+        return lines, rejects
     options = dict(job.generation)
     if options.get("do_sample") and seed is not None:
         options["generator"] = torch.Generator(device).manual_seed(seed)
@@ -285,7 +351,7 @@ def decode_shard(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, texts: list[str], 
             lines[index] = tokenizer.decode(ids)
             if on_done:
                 on_done(1, len(ids))
-        return lines
+        return lines, rejects
     pad_id = model.config.pad_id
     padding = pad_id if options.get("pad_token_id") is None else options["pad_token_id"]  # after each EOS
     for batch in batches:
@@ -296,7 +362,22 @@ def decode_shard(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, texts: list[str], 
             lines[source.index] = "\t".join(texts_out[row * copies:(row + 1) * copies])
         if on_done:
             on_done(len(batch), int(generated.ne(padding).sum()))
-    return lines
+    return lines, rejects
+
+
+def save_decoded(store: ShardStore, shard: Shard, lines: list[str], rejects: dict[int, str], job: BulkJob,
+                 input: str | None) -> None:
+    """Apply ``job.on_error`` to a decoded shard's rejected lines, then save the shard and its rejects."""
+    if rejects:
+        first = min(rejects)
+        logger.warning("%s: %d line(s) of input could not be decoded, the first line %d: %s (on_error=%s)",
+                       input or "standard input", len(rejects), shard.start + first + 1, rejects[first], job.on_error)
+        if job.on_error == "fail":
+            raise ValueError(f"{input or 'standard input'}:{shard.start + first + 1}: {rejects[first]} "
+                             f"(on_error=fail; on_error=empty gives such a line an empty output line)")
+    if job.on_error == "skip":
+        lines = [line for index, line in enumerate(lines) if index not in rejects]
+    store.save(shard, lines, {shard.start + index + 1: reason for index, reason in rejects.items()})
 
 
 class BulkProgress:
@@ -383,8 +464,9 @@ def decode_to_store(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, input: str | No
                          lambda index, start: worker.owns(index) and start not in done)
     with BulkProgress(pending, enabled=progress) as bar:
         for shard in reader:
-            lines = decode_shard(model, tokenizer, shard.texts, job, shard_seed(job.seed, shard.index), bar.advance)
-            store.save(shard, lines)
+            lines, rejects = decode_shard(model, tokenizer, shard.texts, job, shard_seed(job.seed, shard.index),
+                                          bar.advance)
+            save_decoded(store, shard, lines, rejects, job, input)
     store.finish(reader.total)
     logger.info(bar.summary())
     return bar
@@ -514,9 +596,9 @@ def run_bulk_ddp(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, input: str, output
             self.progress = BulkProgress(pending, progress and self.trainer.is_global_zero, "rank 0").__enter__()
 
         def predict_step(self, shard: Shard) -> None:
-            lines = decode_shard(self.model, tokenizer, shard.texts, job, shard_seed(job.seed, shard.index),
-                                 self.progress.advance)
-            self.store.save(shard, lines)
+            lines, rejects = decode_shard(self.model, tokenizer, shard.texts, job,
+                                          shard_seed(job.seed, shard.index), self.progress.advance)
+            save_decoded(self.store, shard, lines, rejects, job, input)
 
         def on_predict_end(self) -> None:
             self.progress.__exit__()

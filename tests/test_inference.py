@@ -18,7 +18,7 @@ from conftest import decode_alone, tiny_model
 
 from hybrid import inference
 from hybrid.generation.bulk import RefillDecoder
-from hybrid.inference import BulkJob, ShardStore, count_sources, read_sources, run_bulk
+from hybrid.inference import BulkJob, Rejected, ShardStore, count_sources, read_sources, run_bulk
 from hybrid.training import Seq2SeqTokenizer
 
 ALPHABET = "abcdefghij"
@@ -93,10 +93,45 @@ def test_records_end_at_newlines_only_so_output_line_i_answers_input_line_i(load
     assert (tmp_path / "out.txt").read_bytes().count(b"\n") == 3
 
 
-def test_a_malformed_jsonl_line_is_named(tmp_path):
-    (tmp_path / "bad.jsonl").write_text('{"source": "ab"}\n{"text": "ab"}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: expected a JSON object"):
-        list(read_sources(tmp_path / "bad.jsonl"))
+def test_a_line_without_a_source_is_rejected_with_its_number_and_why(tmp_path):
+    lines = ['{"source": "ab"}', '{"text": "ab"}', '{"source": null}', '{"source": ["a", "b"]}', "[1]", "{oops"]
+    (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
+    sources = list(read_sources(tmp_path / "bad.jsonl"))
+    assert sources[0] == "ab"
+    assert [source.line for source in sources[1:]] == [2, 3, 4, 5, 6]
+    assert all('expected a JSON object with a string "source"' in source.reason for source in sources[1:])
+    assert "null" in sources[2].reason and "not JSON" in sources[5].reason  # never the text "None"
+    (tmp_path / "bad.txt").write_bytes(b"ab\n\xff\xfe\ncd\n")
+    assert list(read_sources(tmp_path / "bad.txt")) == ["ab", Rejected(2, "the line is not valid UTF-8"), "cd"]
+    assert count_sources(tmp_path / "bad.txt") == 3
+
+
+BAD_INPUT = b"abc\n\xff\xfe\n" + b"ab" * 600 + b"\nde\n"  # invalid UTF-8, then a source past max_positions
+
+
+@pytest.mark.parametrize("on_error", ["empty", "skip"])
+def test_one_bad_line_never_kills_a_job(loaded, tmp_path, on_error):
+    model, tokenizer = loaded
+    assert model.config.max_positions < 1200
+    (tmp_path / "in.txt").write_bytes(BAD_INPUT)
+    job = BulkJob(generation=GREEDY, shard_size=2, on_error=on_error)
+    assert run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), job, progress=False)
+    out = (tmp_path / "out.txt").read_text().split("\n")[:-1]
+    good = [decode_alone(model, tokenizer, text, **GREEDY) for text in ("abc", "de")]
+    assert out == ([good[0], "", "", good[1]] if on_error == "empty" else good)
+    rejects = (tmp_path / "out.txt.rejects.tsv").read_text().splitlines()
+    assert [line.split("\t")[0] for line in rejects] == ["2", "3"]
+    assert "UTF-8" in rejects[0] and "max_positions" in rejects[1]
+
+
+def test_on_error_fail_stops_naming_the_line(loaded, tmp_path):
+    model, tokenizer = loaded
+    (tmp_path / "in.txt").write_bytes(BAD_INPUT)
+    with pytest.raises(ValueError, match=r"in.txt:2: the line is not valid UTF-8 \(on_error=fail"):
+        run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "out.txt"),
+                 BulkJob(generation=GREEDY, on_error="fail"), progress=False)
+    with pytest.raises(ValueError, match="on_error must be one of"):
+        BulkJob(on_error="ignore")
 
 
 @pytest.mark.parametrize("refill, options, count", [(True, GREEDY, 40), (False, GREEDY, 40),
@@ -153,11 +188,11 @@ def test_a_rerun_skips_finished_shards_and_writes_the_same_bytes(loaded, tmp_pat
 
     saved, save = [], ShardStore.save
 
-    def crash_on_the_third_shard(store, shard, lines):
+    def crash_on_the_third_shard(store, shard, lines, rejects=None):
         if len(saved) == 2:
             raise KeyboardInterrupt
         saved.append(shard.start)
-        save(store, shard, lines)
+        save(store, shard, lines, rejects)
 
     monkeypatch.setattr(ShardStore, "save", crash_on_the_third_shard)
     with pytest.raises(KeyboardInterrupt):

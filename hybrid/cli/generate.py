@@ -33,7 +33,7 @@ def run_generate(cfg: DictConfig) -> bool:
         raise ValueError("quantize needs optimize=true: quantized weights are part of the fast path")
     job = BulkJob(generation=OmegaConf.to_container(cfg.generation, resolve=True), max_tokens=cfg.max_tokens,
                   max_batch_size=cfg.batch_size, window=cfg.window, refill=cfg.refill, shard_size=cfg.shard_size,
-                  seed=cfg.seed)
+                  seed=cfg.seed, on_error=cfg.on_error)
     options = dict(input_format=cfg.input_format, shard=cfg.shard, work_dir=cfg.work_dir,
                    keep_shards=cfg.keep_shards, progress=cfg.progress,
                    fingerprint={"ckpt_path": str(Path(cfg.ckpt_path).resolve()), "optimize": cfg.optimize,
