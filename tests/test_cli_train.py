@@ -155,3 +155,15 @@ def test_ddp_trains_on_two_cpu_processes(tmp_path):
     (run,) = run_folders(tmp_path)
     # 64 examples in batches of 16 split over 2 processes: 2 steps per epoch, not 4.
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_the_console_shows_hybrid_and_real_warnings_and_the_log_file_keeps_the_rest(tmp_path, verbose):
+    result = hybrid("fit", *TINY, "trainer.max_epochs=1", f"verbose={str(verbose).lower()}", cwd=tmp_path)
+    (run,) = run_folders(tmp_path)
+    log = (run / "fit.log").read_text()
+    chatter = "GPU available"  # one of Lightning's INFO lines at the start of every fit
+    assert chatter in log
+    assert (chatter in result.stderr) == verbose
+    if not verbose:
+        assert "Tip" not in result.stderr and "deprecated" not in result.stderr

@@ -20,6 +20,7 @@ import Lightning.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -68,6 +69,24 @@ def usage() -> str:
             "`hybrid VERB --cfg job` prints the composed config. The configs are the package hybrid.configs.\n")
 
 
+class QuietConsole(logging.Filter):
+    """The console handler's filter (configs/hydra/default.yaml): hybrid's own records, and everyone's
+    warnings and errors, except third-party deprecation notices. The rest (Lightning's tips and INFO
+    lines, a dependency's deprecations) still reaches the run's log file; ``verbose=true`` lets all
+    of it through to the console too."""
+
+    def __init__(self, verbose: bool = False) -> None:
+        super().__init__()
+        self.verbose = verbose
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.verbose or record.name == "hybrid" or record.name.startswith("hybrid."):
+            return True
+        if record.name == "py.warnings":  # warnings.warn, routed through logging by main()
+            return "deprecat" not in record.getMessage().lower()
+        return record.levelno >= logging.WARNING
+
+
 def run_verb(name: str, overrides: Sequence[str]) -> None:
     """Run ``hybrid <name> <overrides>`` through ``hydra.main`` (run folder, logging, ``-m`` sweeps)."""
     import hydra
@@ -106,4 +125,5 @@ def main(argv: Sequence[str] | None = None) -> None:
     if argv[0] not in VERBS:
         sys.stderr.write(f"hybrid: unknown verb {argv[0]!r}\n\n{usage()}")
         raise SystemExit(2)
+    logging.captureWarnings(True)  # warnings become log records: the file keeps them, QuietConsole sorts them
     run_verb(argv[0], argv[1:])
