@@ -167,3 +167,10 @@ def test_the_console_shows_hybrid_and_real_warnings_and_the_log_file_keeps_the_r
     assert (chatter in result.stderr) == verbose
     if not verbose:
         assert "Tip" not in result.stderr and "deprecated" not in result.stderr
+
+
+def test_a_fit_shorter_than_an_epoch_ends_cleanly_with_a_checkpoint(tmp_path):
+    # 2 steps of a 4-step epoch: no validation runs, so val/loss never exists for early stopping.
+    hybrid("fit", *TINY, "trainer.max_steps=2", cwd=tmp_path)
+    (run,) = run_folders(tmp_path)
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2

@@ -205,6 +205,8 @@ class LitSeq2Seq(LightningModule):
     def decode(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
         """Greedy decoding, (B, S) -> (B, L) ids, bounded by the ``max_new_tokens`` hyperparameter."""
         max_new_tokens = self.hparams.max_new_tokens or 2 * src_ids.shape[1] + 10
+        # The decoder holds at most max_positions tokens, BOS included: a long source must not ask for more.
+        max_new_tokens = min(max_new_tokens, self.model.config.max_positions - 1)
         return self.model.generate(src_ids, src_mask, max_new_tokens=max_new_tokens)
 
     # ----- optimisation --------------------------------------------------------------

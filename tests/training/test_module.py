@@ -133,6 +133,14 @@ def test_fit_logs_every_metric_and_decodes_only_the_first_batches(tmp_path, monk
     assert {"test/loss", "test/accuracy", "test/perplexity", "test/exact_match", "test/cer"} <= set(test_metrics)
 
 
+def test_validation_decoding_never_asks_for_more_than_max_positions():
+    datamodule = _datamodule()
+    config = dict(TINY_MODEL, vocab_size=datamodule.vocab_size, max_positions=16)
+    module = LitSeq2Seq(config, tokenizer=datamodule.tokenizer).eval()
+    src = torch.full((2, 12), 4)  # twice 12 plus 10 new tokens would pass the decoder's 16 positions
+    assert module.decode(src, src.ne(0)).shape[1] <= 15
+
+
 # ----- checkpoints -----------------------------------------------------------------------------
 
 
