@@ -174,3 +174,18 @@ def test_a_fit_shorter_than_an_epoch_ends_cleanly_with_a_checkpoint(tmp_path):
     hybrid("fit", *TINY, "trainer.max_steps=2", cwd=tmp_path)
     (run,) = run_folders(tmp_path)
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
+
+
+@pytest.mark.parametrize("damage", ["truncated", "folder"])
+def test_a_damaged_checkpoint_given_to_a_command_is_named_in_its_error(first_run, tmp_path, damage):
+    checkpoint = tmp_path / "bad.ckpt"
+    if damage == "truncated":
+        data = (first_run / "checkpoints" / "last.ckpt").read_bytes()
+        checkpoint.write_bytes(data[: len(data) // 2])
+    else:
+        checkpoint.mkdir()
+    result = subprocess.run([sys.executable, "-m", "hybrid.cli", "generate", f"ckpt_path={checkpoint}"], cwd=tmp_path,
+                            input="abc\n", capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert str(checkpoint) in result.stderr
+    assert "not a readable checkpoint" in result.stderr or "without config.json" in result.stderr

@@ -64,7 +64,15 @@ class TrainedModel:
 
 def read_checkpoint(path: str | os.PathLike) -> TrainedModel:
     """Read a ``LitSeq2Seq`` checkpoint with ``weights_only=True`` (plain data and tensors only)."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path} is not a checkpoint file (a .ckpt written by hybrid fit)")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # a truncated or foreign file: the zip reader's RuntimeError, EOFError, OSError...
+        raise ValueError(f"{path} is not a readable checkpoint (truncated or not written by torch.save): "
+                         f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from error
+    if not isinstance(checkpoint, dict):
+        raise ValueError(f"{path} holds a {type(checkpoint).__name__}, not a training checkpoint")
     missing = [key for key in ("state_dict", "model_config", "tokenizer") if checkpoint.get(key) is None]
     if missing:
         raise ValueError(f"{path} lacks {missing}: it was not written by hybrid's LitSeq2Seq with a tokenizer")
