@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -187,5 +188,27 @@ def test_a_damaged_checkpoint_given_to_a_command_is_named_in_its_error(first_run
     result = subprocess.run([sys.executable, "-m", "hybrid.cli", "generate", f"ckpt_path={checkpoint}"], cwd=tmp_path,
                             input="abc\n", capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
-    assert str(checkpoint) in result.stderr
+    assert str(checkpoint) in result.stderr and "Traceback" not in result.stderr
     assert "not a readable checkpoint" in result.stderr or "without config.json" in result.stderr
+
+
+def test_a_training_line_longer_than_the_model_holds_is_dropped_and_counted_not_fatal(tmp_path):
+    pairs = [f"{word}\t{word[::-1]}" for word in ["abc", "de", "fgh", "ij"] * 8] + ["x" * 40 + "\ty"]
+    (tmp_path / "pairs.tsv").write_text("\n".join(pairs) + "\n")
+    tiny = [arg for arg in TINY if not arg.startswith(("experiment=", "data."))]
+    result = hybrid("fit", *tiny, "data=text", "data.train_path=pairs.tsv", "data.batch_size=8",
+                    "model.max_positions=16", "trainer.max_epochs=1", cwd=tmp_path)
+    assert "source_too_long: 1" in result.stderr
+
+
+@pytest.mark.parametrize("full_error", [False, True])
+def test_a_training_file_with_nothing_usable_is_one_error_naming_it(tmp_path, full_error):
+    (tmp_path / "pairs.tsv").write_text("no tab\n\n")
+    env = {**os.environ, "HYDRA_FULL_ERROR": "1" if full_error else "0"}
+    result = subprocess.run([sys.executable, "-m", "hybrid.cli", "fit", "data=text", "data.train_path=pairs.tsv"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode != 0
+    assert "pairs.tsv: no usable (source, target) pair in 2 lines" in result.stderr
+    assert ("Traceback" in result.stderr) == full_error  # HYDRA_FULL_ERROR=1 keeps the trace
+    if not full_error:
+        assert len(result.stderr.strip().splitlines()) == 1

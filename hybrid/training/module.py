@@ -11,6 +11,7 @@ a folder that needs neither Lightning nor Hydra (see :mod:`hybrid.training.check
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -114,7 +115,9 @@ class LitSeq2Seq(LightningModule):
     (from the unsmoothed cross-entropy); at validation and test also ``{stage}/<metric>`` for each
     name in ``metrics`` (keys of :data:`SEQUENCE_METRICS`), over the greedy decoding of the first
     ``decode_batches`` batches (None: all) with at most ``max_new_tokens`` new tokens (None: twice
-    the longest source plus 10).
+    the longest source plus 10). ``seed`` (None: torch's current one; a checkpoint keeps it) seeds
+    each training batch's dropout together with the batch's step, so a resumed run is bit-identical
+    to an uninterrupted one.
     """
 
     def __init__(
@@ -131,6 +134,7 @@ class LitSeq2Seq(LightningModule):
         decode_batches: int | None = 8,
         max_new_tokens: int | None = None,
         metrics: Sequence[str] = ("exact_match",),
+        seed: int | None = None,
     ) -> None:
         super().__init__()
         if lr_schedule not in LR_SCHEDULES:
@@ -142,7 +146,10 @@ class LitSeq2Seq(LightningModule):
             raise ValueError(f"decode_batches must be >= 0 or None (all), got {decode_batches}")
         # The tokenizer is kept out of the hyperparameters (loggers would print its whole vocabulary);
         # on_save_checkpoint stores it instead.
-        self.save_hyperparameters(ignore=["tokenizer"])
+        # Not a hyperparameter: Lightning merges those with the data module's, which has a seed of its
+        # own. The checkpoint carries it instead (on_save_checkpoint), so a resumed run keeps it.
+        self.seed = torch.initial_seed() if seed is None else seed  # None: what seed_everything last set
+        self.save_hyperparameters(ignore=["tokenizer", "seed"])
         self.model = Seq2Seq(ModelConfig.from_dict(model_config, partial=True))  # the fields it changes
         self.tokenizer = tokenizer
         vocab_size, pad_id = self.model.config.vocab_size, self.model.config.pad_id
@@ -176,6 +183,15 @@ class LitSeq2Seq(LightningModule):
             self.log(f"{stage}/{name}", metrics[f"{stage}_{name}"], on_step=stage == "train", on_epoch=True,
                      prog_bar=name == "loss", batch_size=targets.shape[0])
         return loss
+
+    def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
+        # fairseq's rule: every random draw of a training batch (dropout) comes from a seed made of
+        # the run's seed and the batch's place in training, never from what ran before it. A run
+        # resumed from a checkpoint then draws exactly what the uninterrupted run drew, and ranks
+        # of a DDP run draw different masks.
+        micro_batch = batch_idx % self.trainer.accumulate_grad_batches
+        place = (self.seed, self.global_step, micro_batch, self.global_rank)
+        torch.manual_seed(int.from_bytes(hashlib.blake2b(repr(place).encode(), digest_size=8).digest(), "little"))
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         return self._common_step(batch, "train")
@@ -234,8 +250,10 @@ class LitSeq2Seq(LightningModule):
         """Keep the model config and the vocabulary in the checkpoint, as plain data (no pickled objects)."""
         checkpoint["model_config"] = self.model.config.to_dict()
         checkpoint["tokenizer"] = None if self.tokenizer is None else self.tokenizer.to_json_str()
+        checkpoint["training_seed"] = self.seed
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Restore the tokenizer saved by :meth:`on_save_checkpoint`."""
+        """Restore the tokenizer and the training seed saved by :meth:`on_save_checkpoint`."""
         if checkpoint.get("tokenizer") is not None:
             self.tokenizer = Seq2SeqTokenizer.from_json_str(checkpoint["tokenizer"])
+        self.seed = checkpoint.get("training_seed", self.seed)

@@ -291,3 +291,112 @@ def test_text_bpe_tokenizer(tmp_path):
     batch = next(iter(datamodule.train_dataloader()))
     _check_batch(batch, datamodule.tokenizer)
     assert batch["src_ids"].size(1) < max(len(text) for text in batch["src_text"])
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"", r"no usable \(source, target\) pair in 0 lines \(the file is empty\)"),
+    (b"\n  \n\n", r"in 3 lines: skipped 3 lines: blank_line: 3"),
+    (b"no tab\nstill none\n", r"in 2 lines: skipped 2 lines: wrong_field_count: 2 \(lines 1, 2\)"),
+])
+def test_a_training_file_with_nothing_usable_is_refused_by_name_with_the_reasons(tmp_path, content, expected):
+    path = tmp_path / "train.tsv"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=re.escape(str(path)) + ": .*" + expected):
+        TextDataModule(str(path)).setup()
+
+
+def test_a_jsonl_file_of_non_string_sources_is_refused_with_the_reason(tmp_path):
+    path = _write(tmp_path / "train.jsonl", ['{"source": null, "target": "a"}', '{"source": ["a"], "target": "b"}'])
+    with pytest.raises(ValueError, match=r"not_a_string: 2 \(lines 1, 2\).*\{\"source\""):
+        TextDataModule(path).setup()
+
+
+@pytest.mark.parametrize("too_long", ["drop", "truncate"])
+def test_examples_over_the_models_limits_are_dropped_or_truncated_and_counted(tmp_path, too_long):
+    train = _write(tmp_path / "train.tsv", ["a\tb", "abcdefgh\tb", "a\tbcdefgh", "ab\tcd"])
+    datamodule = TextDataModule(train, val_fraction=0.0, test_fraction=0.0, too_long=too_long, max_source_length=6)
+    datamodule.limit_lengths(max_source_length=4, max_target_length=3)  # stricter than the data's own 6
+    datamodule.setup()
+    examples = sorted(datamodule.datasets["train"], key=lambda example: example.source)
+    report = datamodule.reports["train"]
+    if too_long == "drop":
+        assert [example.source for example in examples] == ["a", "ab"]
+        assert report.skipped == {"source_too_long": 1, "target_too_long": 1} and report.kept == 2
+    else:
+        assert len(examples) == 4 and report.truncated == 2 and not report.skipped
+        assert max(len(example.source_ids) for example in examples) == 4
+        assert max(len(example.target_ids) for example in examples) == 3
+        assert "abcdefgh" in [example.source for example in examples]  # the text stays whole for the metrics
+    assert datamodule.source_length <= 4 and datamodule.target_length <= 4
+    with pytest.raises(RuntimeError, match="before setup"):
+        datamodule.limit_lengths(2, 2)
+
+
+def test_a_training_split_left_empty_by_the_length_limits_is_refused_with_what_to_change(tmp_path):
+    train = _write(tmp_path / "train.tsv", ["abcdef\tb", "abcdefg\tb"])
+    datamodule = TextDataModule(train, val_fraction=0.0, test_fraction=0.0)
+    datamodule.limit_lengths(3, 3)
+    with pytest.raises(ValueError, match=r"no training example is within the length limits.*source_too_long: 2"
+                                         r".*too_long=truncate"):
+        datamodule.setup()
+
+
+def test_bad_length_options_are_refused_by_name():
+    with pytest.raises(ValueError, match="too_long must be one of"):
+        SyntheticDataModule(too_long="cut")
+    with pytest.raises(ValueError, match="max_source_length must be a positive int"):
+        TextDataModule("x.tsv", max_source_length=0)
+
+
+# ---------------------------------------------------------------- training order and resuming
+
+
+def _order(loader):
+    return [text for batch in loader for text in batch["src_text"]]
+
+
+def test_each_epochs_order_depends_on_the_seed_and_the_epoch_only():
+    datamodule = SyntheticDataModule("copy", train_size=40, batch_size=8)
+    loader = datamodule.train_dataloader()
+    epochs = []
+    for epoch in range(3):
+        loader.sampler.set_epoch(epoch)
+        epochs.append(_order(loader))
+    assert epochs[0] != epochs[1] != epochs[2] and sorted(epochs[0]) == sorted(epochs[2])
+    fresh = SyntheticDataModule("copy", train_size=40, batch_size=8).train_dataloader()
+    fresh.sampler.set_epoch(2)
+    assert _order(fresh) == epochs[2]  # no history needed
+
+
+def test_a_loader_resumed_mid_epoch_yields_the_batches_that_were_left():
+    datamodule = SyntheticDataModule("copy", train_size=40, batch_size=8)
+    loader = datamodule.train_dataloader()
+    loader.sampler.set_epoch(1)
+    batches = iter(loader)
+    seen = [next(batches) for _ in range(2)]
+    position = datamodule.state_dict()["train_position"]
+    assert position == {"epoch": 1, "batches_yielded": 2}
+    left = [text for batch in batches for text in batch["src_text"]]
+
+    resumed = SyntheticDataModule("copy", train_size=40, batch_size=8)
+    resumed.load_state_dict({"train_position": position})
+    again = resumed.train_dataloader()
+    again.sampler.set_epoch(1)
+    assert _order(again) == left and again.position() == {"epoch": 1, "batches_yielded": 5}
+    assert len(seen) * 8 + len(left) == 40
+    again.sampler.set_epoch(2)  # the next epoch is whole again
+    assert len(_order(again)) == 40
+    other = SyntheticDataModule("copy", train_size=40, batch_size=8)
+    other.load_state_dict({"train_position": {"epoch": 0, "batches_yielded": 5}})  # saved at an epoch's end
+    loader = other.train_dataloader()
+    loader.sampler.set_epoch(1)
+    assert len(_order(loader)) == 40
+
+
+def test_ranks_share_out_each_epoch():
+    datamodule = SyntheticDataModule("copy", train_size=40, batch_size=4)
+    datamodule.setup()
+    from hybrid.training.data import EpochSeededSampler
+
+    shards = [list(EpochSeededSampler(datamodule.datasets["train"], 0, num_replicas=2, rank=rank)) for rank in (0, 1)]
+    assert sorted(shards[0] + shards[1]) == list(range(40))
