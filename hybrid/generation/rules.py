@@ -22,6 +22,13 @@ The rules follow transformers' ``generate()`` wherever the option names are tran
   prompt.
 - **A sequence ends** with any id of ``eos_ids``, at ``max_new_tokens`` generated tokens, or when a
   stopping criterion says so; criteria see only generated tokens (``input_ids`` ends with one).
+- **A row left with no allowed token ends.** After a chain that can ban tokens at will (the user's
+  processors, bad words, n-grams), a NaN score counts as banned, +inf as the largest float, and a
+  row whose every score is -inf takes ``eos_ids[0]`` (score 0), so it ends there instead of
+  sampling from NaN. All of it is tensor arithmetic on the device, with no host sync per step.
+  Options that leave nothing to generate (a minimum length over a vocabulary of EOS, padding and
+  BOS) are refused up front. A user
+  processor must return a float tensor of the scores' shape; anything else is refused by name.
 
 Each rule declares whether continuous batching can honour it, with transformers' per-processor
 flag ``supports_continuous_batching``: refill's rows sit at different positions, so it can run only
@@ -71,7 +78,15 @@ class _Processor:
         return getattr(self.processor, "supports_continuous_batching", None)
 
     def __call__(self, input_ids: Tensor, scores: Tensor, generated: Tensor) -> Tensor:
-        return self.processor(input_ids, scores)
+        result = self.processor(input_ids, scores)
+        # Shape and dtype are metadata: checking them reads nothing back from the device.
+        if not isinstance(result, Tensor):
+            raise TypeError(f"{self.name} returned {type(result).__name__}; a processor returns the scores, "
+                            f"a float tensor of shape {tuple(scores.shape)}")
+        if result.shape != scores.shape or not result.is_floating_point():
+            raise ValueError(f"{self.name} returned a {result.dtype} tensor of shape {tuple(result.shape)}; "
+                             f"a processor returns the scores, a float tensor of shape {tuple(scores.shape)}")
+        return result
 
 
 class _MinNewTokens:
@@ -103,9 +118,17 @@ class DecodingRules:
         self.pad_id = _pad_id(config, model_config)
         self.suppressed = sorted({model_config.pad_id, self.pad_id, self.bos_id} - set(self.eos_ids))
         self.max_new_tokens = config.max_new_tokens
+        if config.min_new_tokens > 0 and not set(range(self.vocab_size)) - set(self.suppressed) - set(self.eos_ids):
+            raise ValueError(f"min_new_tokens={config.min_new_tokens} leaves nothing to generate: the vocabulary "
+                             f"({self.vocab_size} ids) holds only EOS {self.eos_ids} and the suppressed padding and "
+                             f"BOS {self.suppressed}")
         self.chain = _processor_chain(config, self.eos_ids, self.suppressed)
+        # Only these rules ban by length and by fixed ids, which always leaves EOS or a token after it.
+        self.can_ban_every_token = not all(isinstance(rule, _MinNewTokens) or rule.name == _SUPPRESSED
+                                           for rule in self.chain)
         self.stopping = StoppingCriteriaList(config.stopping_criteria or [])
         self._eos: dict[torch.device, Tensor] = {}  # built once per device: a copy to a GPU syncs with it
+        self._end_rows: dict[tuple[torch.device, int], Tensor] = {}
 
     def eos_tensor(self, device: torch.device) -> Tensor:
         if device not in self._eos:
@@ -121,7 +144,19 @@ class DecodingRules:
         """
         for rule in self.chain:
             scores = rule(input_ids, scores, generated)
+        if self.can_ban_every_token:
+            scores = self._end_rows_with_no_allowed_token(scores)
         return scores
+
+    def _end_rows_with_no_allowed_token(self, scores: Tensor) -> Tensor:
+        """NaN -> -inf, +inf -> the largest float, and a row of nothing but -inf -> EOS at score 0."""
+        scores = torch.where(scores.isnan(), float("-inf"), scores).clamp(max=torch.finfo(scores.dtype).max)
+        key = (scores.device, scores.shape[-1])
+        if key not in self._end_rows:
+            end = torch.full((scores.shape[-1],), float("-inf"), device=scores.device)
+            self._end_rows[key] = end.index_fill_(0, self.eos_tensor(scores.device)[:1], 0.0)
+        no_allowed_token = (scores == float("-inf")).all(dim=-1, keepdim=True)  # (rows, 1)
+        return torch.where(no_allowed_token, self._end_rows[key].to(scores.dtype), scores)
 
     def force(self, scores: Tensor, prefix: Tensor, prefix_lengths: Tensor, step: int) -> tuple[Tensor, Tensor]:
         """Rows still inside their forced prefix take its token at column ``step + 1`` (score 0, the rest
@@ -170,8 +205,7 @@ class DecodingRules:
     def reads_only_lengths(self) -> bool:
         """True when every rule is the minimum length or the suppressed ids, and the choice is greedy: then the
         rules depend on nothing but the counts, and the fast path can run them inside its graph."""
-        plain = all(isinstance(rule, _MinNewTokens) or rule.name == _SUPPRESSED for rule in self.chain)
-        return plain and not self.config.do_sample and not self.stopping
+        return not self.can_ban_every_token and not self.config.do_sample and not self.stopping
 
     def continuous_batching_obstacles(self) -> list[str]:
         """The rules that rows at different positions cannot honour, by name; empty when refill can run."""
