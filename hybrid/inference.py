@@ -197,11 +197,14 @@ class ShardStore:
     several machines).
     """
 
-    def __init__(self, directory: str | os.PathLike, fingerprint: dict[str, Any], worker: str) -> None:
+    def __init__(self, directory: str | os.PathLike, fingerprint: dict[str, Any], worker: str,
+                 start_over: bool = False) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.fingerprint, self.worker = fingerprint, worker
         self._lock = _lock(self.directory / f"lock-{worker}", f"worker {worker} of {self.directory}")
+        if start_over:
+            self._empty()
         self.manifest_path = self.directory / f"manifest-{worker}.json"
         own = self._read(self.manifest_path) if self.manifest_path.exists() else None
         self.ranges: list[list[int]] = own["done"] if own else []
@@ -216,6 +219,18 @@ class ShardStore:
                              "differ): rerun with the same input, model and arguments, give another work_dir, "
                              "or pass resume=false to start over")
         return manifest
+
+    def _empty(self) -> None:
+        """Delete everything in the folder but this worker's lock, refusing while any other worker runs
+        there: its lock is taken first, so a job still writing shards never loses them."""
+        own = Path(self._lock.name)
+        with contextlib.ExitStack() as others:
+            for path in sorted(self.directory.glob("lock-*")):
+                if path != own:
+                    others.enter_context(_lock(path, f"worker {path.name[len('lock-'):]} of {self.directory}"))
+            for path in self.directory.iterdir():
+                if path != own:
+                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
     def manifests(self) -> list[dict[str, Any]]:
         return [self._read(path) for path in sorted(self.directory.glob("manifest-*.json"))]
@@ -488,8 +503,9 @@ def run_bulk(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, input: str | None, out
 
     Finished shards go to ``work_dir`` (default ``<output>.parts``; for standard output a temporary
     folder, so nothing resumes unless one is given). ``shard="i/n"`` decodes this job's part only.
-    ``resume=False`` empties the work folder first. Returns True once the output is complete,
-    False while other jobs' shards are missing (the last job to finish writes the output).
+    ``resume=False`` empties the work folder first (refused while another job holds it). Returns True
+    once the output is complete, False while other jobs' shards are missing (the last job to finish
+    writes the output).
     ``fingerprint`` adds what else must match for a rerun to reuse shards (the checkpoint, say).
     """
     worker = Worker(*parse_shard(shard))
@@ -500,9 +516,8 @@ def run_bulk(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, input: str | None, out
         if work_dir is None and to_stdout:
             work_dir = stack.enter_context(tempfile.TemporaryDirectory(ignore_cleanup_errors=True))
         work_dir = work_dir or f"{output}.parts"
-        if not resume:
-            shutil.rmtree(work_dir, ignore_errors=True)
-        store = ShardStore(work_dir, job_fingerprint(job, model, tokenizer, input, fingerprint), worker.name)
+        fingerprint = job_fingerprint(job, model, tokenizer, input, fingerprint)
+        store = ShardStore(work_dir, fingerprint, worker.name, start_over=not resume)
         decode_to_store(model, tokenizer, input, input_format, job, store, worker, progress)
         merged = store.merge(sys.stdout if to_stdout else output, keep_shards=keep_shards)
         if not merged:

@@ -246,6 +246,17 @@ def test_two_jobs_never_write_the_same_shards(tmp_path):
     ShardStore(tmp_path, {"job": 1}, "0-of-1")
 
 
+def test_starting_over_never_deletes_the_shards_of_a_job_still_running(tmp_path):
+    running = ShardStore(tmp_path, {"job": 1}, "1of2")
+    (tmp_path / "shard-000000000000-000000000001.txt").write_text("kept\n")
+    with pytest.raises(RuntimeError, match=r"worker 1of2 .* is in use"):
+        ShardStore(tmp_path, {"job": 2}, "0of2", start_over=True)
+    assert (tmp_path / "shard-000000000000-000000000001.txt").read_text() == "kept\n"
+    del running
+    ShardStore(tmp_path, {"job": 2}, "0of2", start_over=True)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["lock-0of2"]
+
+
 def test_shard_splits_partition_the_input_and_the_last_job_merges(loaded, tmp_path):
     model, tokenizer = loaded
     (tmp_path / "in.txt").write_text("\n".join(words(100, seed=4)) + "\n")
