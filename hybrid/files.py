@@ -15,6 +15,7 @@ import os
 import secrets
 import stat
 import sys
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Literal
@@ -97,21 +98,29 @@ def open_input(path: str | os.PathLike | None, encoding: str | None = "utf-8", e
     ``errors`` is the decoding's error handler (``"surrogateescape"`` keeps bad bytes readable).
 
     Standard input is left open afterwards, so a caller can go on reading it; a file is closed.
+    Damaged or truncated gzip data raises a ``ValueError`` naming the file, where it is met.
     """
     with contextlib.ExitStack() as stack:
         raw = sys.stdin.buffer if _is_stdin(path) else stack.enter_context(open(path, "rb"))
-        if raw.peek(len(GZIP_MAGIC))[:len(GZIP_MAGIC)] == GZIP_MAGIC:
+        compressed = raw.peek(len(GZIP_MAGIC))[:len(GZIP_MAGIC)] == GZIP_MAGIC
+        if compressed:
             raw = stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb"))
-        if encoding is None:
-            yield raw
-            return
-        # newline="\n": records end at "\n" only. Universal newlines would also end one at a bare "\r"
-        # inside a line, and output line i would stop answering input line i.
-        text = io.TextIOWrapper(raw, encoding=encoding, errors=errors, newline="\n")
         try:
-            yield text
-        finally:
-            text.detach()  # closing the wrapper would close standard input; the exit stack closes the rest
+            if encoding is None:
+                yield raw
+                return
+            # newline="\n": records end at "\n" only. Universal newlines would also end one at a bare
+            # "\r" inside a line, and output line i would stop answering input line i.
+            text = io.TextIOWrapper(raw, encoding=encoding, errors=errors, newline="\n")
+            try:
+                yield text
+            finally:
+                text.detach()  # closing the wrapper would close standard input; the exit stack closes the rest
+        except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+            if not compressed:
+                raise
+            name = "standard input" if _is_stdin(path) else str(path)
+            raise ValueError(f"{name}: the gzip data is damaged or cut short ({error})") from None
 
 
 def _is_stdin(path: str | os.PathLike | None) -> bool:

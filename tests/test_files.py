@@ -89,6 +89,21 @@ def test_gzip_is_told_by_its_magic_bytes_not_its_name(tmp_path, name):
         assert stream.read() == b"one\ntwo\n"
 
 
+@pytest.mark.parametrize("damage", ["truncated", "corrupted"])
+@pytest.mark.parametrize("encoding", ["utf-8", None])
+def test_damaged_gzip_is_a_value_error_naming_the_file(tmp_path, damage, encoding):
+    data = gzip.compress(b"".join(b"line %d\n" % i for i in range(5000)))
+    path = tmp_path / "in.txt.gz"
+    if damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    else:  # the deflate stream stays whole; its CRC no longer matches
+        path.write_bytes(data[:-8] + bytes(8))
+    with pytest.raises(ValueError, match=rf"{path}: the gzip data is damaged or cut short"):
+        with open_input(path, encoding=encoding) as stream:
+            for _ in stream:
+                pass
+
+
 def test_a_plain_file_named_gz_is_read_as_it_is(tmp_path):
     (tmp_path / "plain.gz").write_bytes(b"not compressed\n")
     with open_input(tmp_path / "plain.gz") as stream:
