@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybrid.mixers import MIXERS
+from hybrid.mixers import MIXERS, MixerOptions
 
 
 @dataclass
@@ -28,11 +28,9 @@ class ModelConfig:
     encoder_layers: int = 3
     decoder_layers: int = 3
     decoder_mixers: str | Sequence[str] = "lstm"
-    # Width of the LSTM mixer's hidden state; None means d_model. When it differs,
-    # the LSTM output is projected back to d_model. An LSTM layer holds about 8*d^2
-    # parameters against 4*d^2 for self-attention, so lstm_hidden_size ~ 0.6*d_model
-    # matches the attention decoder's parameter count.
-    lstm_hidden_size: int | None = None
+    # Each mixer's own hyperparameters, {mixer name: {option: value}}, checked by the mixer's Options
+    # class (e.g. {"lstm": {"hidden_size": 154}}); a mixer not listed takes its defaults.
+    mixer_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     dropout: float = 0.1
     # Rotary positions are computed, not learned, so this only sizes the tables and
     # the longest KV cache that may be requested.
@@ -48,8 +46,6 @@ class ModelConfig:
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "encoder_layers", "decoder_layers",
                      "max_positions"):
             _require_positive_int(name, getattr(self, name))
-        if self.lstm_hidden_size is not None:
-            _require_positive_int("lstm_hidden_size", self.lstm_hidden_size)
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
@@ -73,6 +69,21 @@ class ModelConfig:
             raise ValueError(
                 f"pad_id ({self.pad_id}) must differ from bos_id ({self.bos_id}) and eos_id ({self.eos_id})")
         self.decoder_mixers = self._normalise_mixers(self.decoder_mixers)
+        self.mixer_options = self._normalise_mixer_options(self.mixer_options)
+
+    def _normalise_mixer_options(self, options: object) -> dict[str, dict[str, Any]]:
+        if not isinstance(options, dict):
+            raise ValueError(f"mixer_options must be a dict {{mixer name: {{option: value}}}}, got {options!r}")
+        unknown = sorted(set(options) - set(MIXERS), key=str)
+        if unknown:
+            raise ValueError(f"mixer_options: unknown mixers {unknown}; allowed: {sorted(MIXERS)}")
+        # Every option spelled out (defaults included), so a saved config says exactly what was built.
+        return {name: MIXERS[name].Options.from_dict(values, f"mixer_options.{name}").to_dict()
+                for name, values in sorted(options.items())}
+
+    def options_for(self, mixer: str) -> MixerOptions:
+        """The options of mixer ``mixer`` (its defaults where ``mixer_options`` does not list it)."""
+        return MIXERS[mixer].Options.from_dict(self.mixer_options.get(mixer, {}), f"mixer_options.{mixer}")
 
     def _normalise_mixers(self, mixers: str | Sequence[str]) -> list[str]:
         allowed = sorted(MIXERS)
@@ -99,10 +110,6 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
-    @property
-    def lstm_width(self) -> int:
-        return self.lstm_hidden_size or self.d_model
-
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict of every field (``decoder_mixers`` as one name per layer)."""
         return dataclasses.asdict(self)
@@ -114,12 +121,26 @@ class ModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         if not isinstance(data, dict):
             raise ValueError(f"a ModelConfig is a JSON object of its fields, got {type(data).__name__}")
+        data = _upgrade(data)
         unknown, missing = sorted(set(data) - known), sorted(known - set(data))
         if unknown:
             raise ValueError(f"unknown ModelConfig fields {unknown}; allowed: {sorted(known)}")
         if missing and not partial:  # a default would silently build another shape than the weights were trained in
             raise ValueError(f"ModelConfig fields {missing} are missing; a saved config holds every field")
         return cls(**dict(data))
+
+
+def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """A config saved before ``mixer_options`` (which had a shared ``lstm_hidden_size`` field), in today's form."""
+    if "lstm_hidden_size" not in data:
+        return data
+    data = dict(data)
+    width = data.pop("lstm_hidden_size")
+    options = {name: dict(values) for name, values in (data.get("mixer_options") or {}).items()}
+    if width is not None:
+        options.setdefault("lstm", {}).setdefault("hidden_size", width)
+    data["mixer_options"] = options
+    return data
 
 
 def _require_positive_int(name: str, value: object) -> None:

@@ -1,9 +1,11 @@
 """Swap decoder mixers of a trained model, keep every other weight: the first half of
-"Finetuning Pretrained Transformers into RNNs" (Kasai et al., 2021), for LSTM decoders.
+"Finetuning Pretrained Transformers into RNNs" (Kasai et al., 2021), for every registered mixer.
 
-The converted model has freshly initialised mixers in the named layers and bit-identical
-copies of everything else (embeddings, encoder, cross-attention, FFNs, norms, head);
-a short fine-tune then teaches the new mixers to stand in for the old ones.
+The converted model has new mixers in the named layers and bit-identical copies of everything
+else (embeddings, encoder, cross-attention, FFNs, norms, head). Within a new mixer, what its class
+declares in ``carried_over`` (for ``linear`` and ``t2r``: the attention layer's Q/K/V and output
+projections) is copied too, and the rest is freshly initialised; a short fine-tune then teaches
+the new mixers to stand in for the old ones.
 """
 
 from __future__ import annotations
@@ -53,32 +55,42 @@ def parse_pattern(pattern: str | Sequence[str], layers: int) -> list[str]:
     return names
 
 
-def convert(model: Seq2Seq, pattern: str | Sequence[str], lstm_hidden_size: int | None = None,
+def convert(model: Seq2Seq, pattern: str | Sequence[str], mixer_options: dict[str, dict] | None = None,
             seed: int = 0) -> tuple[Seq2Seq, list[str]]:
     """A copy of ``model`` whose decoder layers use the mixers of ``pattern``.
 
-    Layers whose mixer changes get a freshly initialised one (seeded); every other tensor
-    is copied unchanged, including the mixers of layers that keep their kind. Returns
-    the new model and the names of its newly initialised parameters (for freezing the rest).
+    ``mixer_options`` (``{mixer: {option: value}}``) sets the new mixers' own options over the
+    source's. Layers whose mixer changes, or whose mixer's options change, get a freshly initialised
+    one (seeded); every other tensor is copied unchanged, including the mixers of layers that keep
+    their kind. Returns the new model and the names of its newly initialised parameters (for
+    freezing the rest).
     """
     config = model.config
     names = parse_pattern(pattern, config.decoder_layers)
-    new_config = ModelConfig.from_dict(dict(
-        config.to_dict(), decoder_mixers=names,
-        lstm_hidden_size=config.lstm_hidden_size if lstm_hidden_size is None else lstm_hidden_size))
+    options = {name: dict(values) for name, values in config.mixer_options.items()}
+    for name, values in (mixer_options or {}).items():
+        options[name] = {**options.get(name, {}), **values}
+    new_config = ModelConfig.from_dict(dict(config.to_dict(), decoder_mixers=names, mixer_options=options))
     torch.manual_seed(seed)
     converted = Seq2Seq(new_config)
     changed = [i for i, (old, new) in enumerate(zip(config.decoder_mixers, names, strict=True))
-               if old != new or (new == "lstm" and new_config.lstm_width != config.lstm_width)]
-    fresh_prefixes = tuple(f"decoder_layers.{i}.mixer." for i in changed)
+               if old != new or new_config.options_for(new) != config.options_for(old)]
+    swapped = tuple(f"decoder_layers.{i}.mixer." for i in changed)
+    # Within a swapped mixer, the submodules its class declares it shares with the old one carry over.
+    carried = tuple(f"decoder_layers.{i}.mixer.{module}." for i in changed
+                    for module in MIXERS[names[i]].carried_over.get(config.decoder_mixers[i], ()))
+
+    def is_fresh(key: str) -> bool:
+        return key.startswith(swapped) and not key.startswith(carried)
+
     source = model.state_dict()
     target = converted.state_dict()
-    copied = {key: value for key, value in source.items() if not key.startswith(fresh_prefixes)}
-    missing = [key for key in target if not key.startswith(fresh_prefixes) and key not in copied]
+    copied = {key: value for key, value in source.items() if not is_fresh(key)}
+    missing = [key for key in target if not is_fresh(key) and key not in copied]
     if missing:
         raise ValueError(f"cannot copy {missing[:3]}...: the model's shape differs beyond its mixers")
     converted.load_state_dict({**target, **copied}, strict=True)
-    fresh = [name for name, _ in converted.named_parameters() if name.startswith(fresh_prefixes)]
+    fresh = [name for name, _ in converted.named_parameters() if is_fresh(name)]
     converted.config.extra = dict(config.extra, converted_from=config.decoder_mixers, fresh_parameters=fresh)
     return converted.to(next(model.parameters()).device), fresh
 

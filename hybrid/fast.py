@@ -307,8 +307,9 @@ def _dynamic_shapes(template, group_size: int) -> tuple:
     capacity = torch.export.Dim("capacity", min=1, max=1 << 20)
     layers = len(template.mixer_states)
     memory = [{0: sources, 2: length}] * (2 * layers)
-    # A state tensor of rank 4 is a cache over positions (B, heads, capacity, head_dim); the rest are per row.
-    mixers = [{0: rows, **({2: capacity} if tensor.dim() == 4 else {})} for tensor in _mixer_tensors(template)]
+    # Each state declares which dimension max_steps sizes (a cache's positions); the others are fixed.
+    mixers = [{0: rows, **({state.steps_dim: capacity} if state.steps_dim is not None else {})}
+              for state in template.mixer_states for _ in state.tensors()]
     return ({0: rows}, {0: rows}, {0: sources, 3: length}, (*memory, *mixers))
 
 

@@ -53,7 +53,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, mixer: str) -> None:
         super().__init__()
         self.mixer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.mixer = MIXERS[mixer](config)
+        self.mixer = MIXERS[mixer](config, config.options_for(mixer))
         self.cross_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.cross = CrossAttention(config.d_model, config.n_heads, config.dropout)
         self.ffn_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)

@@ -12,11 +12,9 @@ from hybrid import MIXERS, ModelConfig, Seq2Seq
 
 VOCAB = 13  # small, so EOS (id 2) comes up often and finished rows leave the batch
 
-# Every registered mixer alone, plus mixed stacks: parity must hold for any layer plan.
-MIXER_PATTERNS = [[name] * 3 for name in MIXERS] + [
-    ["lstm", "attention", "lstm"],
-    ["attention", "lstm", "attention"],
-]
+# Every registered mixer alone, plus mixed stacks of all of them in both orders: parity must hold for
+# any layer plan, and each mixer meets every other as a neighbour below and above.
+MIXER_PATTERNS = [[name] * 2 for name in MIXERS] + [list(MIXERS), list(MIXERS)[::-1]]
 
 
 def pattern_id(pattern: list[str]) -> str:

@@ -61,7 +61,7 @@ def test_every_model_builds_what_its_config_says(option, tmp_path):
     for layer in model.decoder_layers:
         assert layer.ffn.fc_in.out_features == node.d_ff and layer.cross.n_heads == node.n_heads
         if isinstance(layer.mixer, MIXERS["lstm"]):
-            assert layer.mixer.lstm.hidden_size == (node.lstm_hidden_size or node.d_model)
+            assert layer.mixer.lstm.hidden_size == (node.mixer_options.lstm.hidden_size or node.d_model)
     assert (model.lm_head.weight is model.embed.weight) == node.tie_embeddings
     src, tgt = torch.randint(3, 40, (2, 7)), torch.randint(3, 40, (2, 5))
     assert model(src, tgt).shape == (2, 5, 40)

@@ -82,7 +82,8 @@ VALID_CONFIG = {
     "decoder_layers": st.just(2),
     "decoder_mixers": st.one_of(st.sampled_from(MIXER_NAMES),
                                 st.lists(st.sampled_from(MIXER_NAMES), min_size=2, max_size=2)),
-    "lstm_hidden_size": st.one_of(st.none(), st.integers(1, 16)),
+    "mixer_options": st.fixed_dictionaries({}, optional={"lstm": st.fixed_dictionaries(
+        {}, optional={"hidden_size": st.one_of(st.none(), st.integers(1, 16))})}),
     "dropout": st.floats(0.0, 0.9),
     "max_positions": st.integers(8, 40),
     "layer_norm_eps": st.floats(1e-8, 1e-2),
@@ -92,7 +93,9 @@ INVALID_CONFIG = {
     "vocab_size": [0, -1, True, 2.5, "8", 2], "d_model": [0, 7.0, None, 10], "n_heads": [3, 0, False],
     "d_ff": [0, "64"], "encoder_layers": [0, -2], "decoder_layers": [0, 1.0],
     "decoder_mixers": [None, 5, [["lstm"]], "no-such-mixer", [], ["lstm", 3], ["lstm"] * 3],
-    "lstm_hidden_size": [0, -3, 4.0], "dropout": [-0.1, 1.0, math.nan, "x"], "max_positions": [0, 2.0],
+    "mixer_options": [{"lstm": {"hidden_size": 0}}, {"lstm": {"hidden_size": 4.0}}, {"lstm": {"width": 3}},
+                      {"no-such-mixer": {}}, {"lstm": 5}, []],
+    "dropout": [-0.1, 1.0, math.nan, "x"], "max_positions": [0, 2.0],
     "layer_norm_eps": [-1.0, 0.0, math.nan, math.inf, "x"], "tie_embeddings": ["no", 1],
     "pad_id": [-1, 100, 1], "bos_id": [0, 1.0], "eos_id": [0, 99], "extra": [[]],
 }

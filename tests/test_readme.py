@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hybrid import MIXERS
 from hybrid.cli import VERBS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +43,10 @@ def test_cli_demo_runs_on_a_tiny_model(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "hybrid.cli", "demo", "max_new_tokens=4", "d_model=16", "repeats=1", "uncached=true"],
         capture_output=True, text=True, check=True, cwd=tmp_path)
-    assert result.stdout.count("ms/token") == 3
+    growing = [name for name, mixer in MIXERS.items() if not mixer.constant_state]
+    assert result.stdout.count("ms/token") == len(MIXERS) + len(growing)  # every mixer, and uncached ones
+    for name in MIXERS:
+        assert f"{name} decoder" in result.stdout
     assert not list(tmp_path.iterdir())  # no run folder, no log file
 
 

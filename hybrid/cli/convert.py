@@ -19,7 +19,8 @@ def run_convert(cfg: DictConfig) -> Path:
     trained = None if source.is_dir() else read_checkpoint(source)
     model, tokenizer = load_for_inference(source) if trained is None else (trained.build(), trained.tokenizer)
     pattern = OmegaConf.to_object(cfg.pattern) if OmegaConf.is_config(cfg.pattern) else cfg.pattern
-    converted, fresh = convert(model, pattern, lstm_hidden_size=cfg.lstm_hidden_size, seed=cfg.seed)
+    converted, fresh = convert(model, pattern, mixer_options=OmegaConf.to_container(cfg.mixer_options, resolve=True),
+                               seed=cfg.seed)
     if trained is not None:  # so a table of runs can count the source's training steps too
         converted.config.extra["converted_at_step"] = trained.global_step
     path = write_checkpoint(converted, tokenizer, cfg.output)

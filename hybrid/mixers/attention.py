@@ -16,6 +16,8 @@ from hybrid.mixers.base import Mixer, MixerState, Position
 class KVCache(MixerState):
     """Keys and values of every past position, allocated once for the whole decode."""
 
+    steps_dim = 2
+
     keys: Tensor  # (B, nh, max_steps, hd)
     values: Tensor  # (B, nh, max_steps, hd)
 
@@ -26,7 +28,9 @@ class AttentionMixer(Mixer):
     memory still grows linearly with the length asked for, which is the cost the LSTM
     mixer removes."""
 
-    def __init__(self, config) -> None:
+    constant_state = False
+
+    def __init__(self, config, options: Mixer.Options) -> None:
         super().__init__()
         self.n_heads = config.n_heads
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model)

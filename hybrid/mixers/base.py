@@ -16,6 +16,7 @@ plus the new tokens), the one name for its capacity everywhere.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
@@ -33,6 +34,10 @@ Position = int | Tensor
 @dataclasses.dataclass
 class MixerState:
     """Per-layer decoding state: every tensor field has the batch on dimension 0."""
+
+    # The dimension of every tensor that is sized by ``max_steps`` (a KV cache's positions), or None
+    # for a state of fixed size; an export leaves it dynamic.
+    steps_dim: ClassVar[int | None] = None
 
     def reorder(self, index: Tensor) -> None:
         """Keep and reorder sequences: row ``i`` becomes old row ``index[i]`` (one index_select each)."""
@@ -57,8 +62,57 @@ class MixerState:
         return [getattr(self, field.name) for field in dataclasses.fields(self)]
 
 
+@dataclasses.dataclass(frozen=True)
+class MixerOptions:
+    """A mixer's own hyperparameters (none here): a subclass per mixer, as ``Mixer.Options``.
+
+    ``ModelConfig.mixer_options`` keeps them as plain data, ``{mixer name: {option: value}}``, so a
+    new mixer adds options without adding a field to the shared config. A subclass checks its values
+    in ``__post_init__`` and raises ``ValueError`` naming the option.
+    """
+
+    @classmethod
+    def from_dict(cls, data: object, where: str) -> MixerOptions:
+        """The options in ``data`` (a dict; missing ones take their defaults); ``where`` names it in errors."""
+        allowed = [field.name for field in dataclasses.fields(cls)]
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} must be a dict of options (allowed: {allowed}), got {data!r}")
+        unknown = sorted(set(data) - set(allowed))
+        if unknown:
+            raise ValueError(f"{where}: unknown options {unknown}; allowed: {allowed}")
+        try:
+            return cls(**data)
+        except ValueError as error:
+            raise ValueError(f"{where}.{error}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def require_positive_int(name: str, value: object, optional: bool = False) -> None:
+    """For options' ``__post_init__``: ``value`` is an int >= 1 (or None, if ``optional``); the error
+    message starts with ``name``, so ``MixerOptions.from_dict`` can prefix where it sits."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int{' or None' if optional else ''}, got {value!r}")
+
+
 class Mixer(nn.Module):
-    """Base class of decoder token mixers; subclasses register themselves in ``hybrid.mixers.MIXERS``."""
+    """Base class of decoder token mixers; subclasses register themselves in ``hybrid.mixers.MIXERS``.
+
+    ``Options`` is the class of the mixer's own hyperparameters; the constructor receives the
+    shared config and an instance of it.
+    """
+
+    Options: ClassVar[type[MixerOptions]] = MixerOptions
+    # Whether the state's size is fixed, whatever the length decoded (a KV cache's is not): the
+    # property the project is about, declared by each mixer and checked by the tests.
+    constant_state: ClassVar[bool] = True
+    # What `hybrid convert` keeps when a layer's mixer becomes this one: {old mixer: names of the
+    # submodules it shares with this one, same names and shapes}, copied bit for bit; everything else
+    # in the new mixer is freshly initialised.
+    carried_over: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def forward(self, x: Tensor) -> Tensor:
         """Causal mixing over a whole target: (B, T, D) -> (B, T, D)."""

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hybrid.mixers.base import Mixer, MixerState, Position
+from hybrid.mixers.base import Mixer, MixerOptions, MixerState, Position, require_positive_int
 
 
 @dataclasses.dataclass
@@ -19,8 +19,23 @@ class LSTMState(MixerState):
     cell: Tensor  # (B, H)
 
 
+@dataclasses.dataclass(frozen=True)
+class RecurrentOptions(MixerOptions):
+    """``hidden_size``: a recurrent mixer's width; None means ``d_model``. When it differs, the output is
+    projected back to ``d_model``. An LSTM layer holds about 8h^2 parameters against 4d^2 for
+    self-attention, so h ~ 0.6 d_model matches the attention decoder's parameter count (a GRU: 6h^2)."""
+
+    hidden_size: int | None = None
+
+    def __post_init__(self) -> None:
+        require_positive_int("hidden_size", self.hidden_size, optional=True)
+
+    def width(self, d_model: int) -> int:
+        return self.hidden_size or d_model
+
+
 class LSTMMixer(Mixer):
-    """One ``nn.LSTM`` layer of width ``lstm_width``, projected back to ``d_model`` when they differ.
+    """One ``nn.LSTM`` layer of width ``options.hidden_size``, projected back to ``d_model`` when they differ.
 
     Training runs the whole target through one ``nn.LSTM`` call (cuDNN on a GPU). A step
     advances ``(h, c)`` with one fused matrix product ``[x | h] @ [W_ih | W_hh]^T`` and updates
@@ -29,9 +44,11 @@ class LSTMMixer(Mixer):
     :mod:`hybrid.fast`.)
     """
 
-    def __init__(self, config) -> None:
+    Options = RecurrentOptions
+
+    def __init__(self, config, options: RecurrentOptions) -> None:
         super().__init__()
-        self.d_model, self.width = config.d_model, config.lstm_width
+        self.d_model, self.width = config.d_model, options.width(config.d_model)
         self.lstm = nn.LSTM(config.d_model, self.width, batch_first=True)
         self.out = nn.Linear(self.width, config.d_model) if self.width != config.d_model else nn.Identity()
         self.dropout = nn.Dropout(config.dropout)

@@ -24,7 +24,8 @@ class FreezeCopiedWeights(Callback):
     ``requires_grad=False`` until ``trainer.global_step`` reaches ``steps``, then trains again.
     A frozen parameter gets no gradient, so AdamW leaves it and its moments untouched, weight decay
     included. A model that was not converted has no copied weights, so nothing is frozen (with a
-    warning); ``steps=0`` does nothing.
+    warning); nor is anything frozen when the conversion added no parameters (attention -> linear
+    keeps them all); ``steps=0`` does nothing.
     """
 
     def __init__(self, steps: int = 0) -> None:
@@ -41,6 +42,10 @@ class FreezeCopiedWeights(Callback):
         if fresh is None:
             logger.warning("freezing copied weights for %d steps: the model was not converted (no "
                            "fresh_parameters in its config), so every weight is new and none is frozen", self.steps)
+            return
+        if not fresh:  # e.g. attention -> linear: every weight carried over, so there is nothing to train alone
+            logger.info("freezing copied weights for %d steps: the conversion added no new parameters, "
+                        "so every weight trains from the start", self.steps)
             return
         names = dict(model.named_parameters())
         unknown = sorted(set(fresh) - names.keys())

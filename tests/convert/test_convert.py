@@ -21,7 +21,7 @@ def test_patterns(pattern, expected):
 
 
 @pytest.mark.parametrize("pattern, message", [
-    ("gru", "unknown mixer 'gru'"),
+    ("no-such-mixer", "unknown mixer 'no-such-mixer'"),
     ("lstm,lstm", "names 2 layers but the model has 4"),
     ("0-1:lstm", r"leaves decoder layers \[2, 3\]"),
     ("0-2:lstm,2-3:attention", "names layer 2 twice"),
@@ -39,17 +39,36 @@ def test_every_copied_tensor_is_bit_identical(target):
     converted, fresh = convert(source, f"0-1:{target},2:attention")
     before = source.state_dict()
     swapped = ("decoder_layers.0.mixer.", "decoder_layers.1.mixer.") if target != "attention" else ()
+    carried = tuple(f"{layer}{module}." for layer in swapped
+                    for module in MIXERS[target].carried_over.get("attention", ()))
     for key, value in converted.state_dict().items():
-        if swapped and key.startswith(swapped):
-            assert key in fresh
+        if key.startswith(swapped) and not key.startswith(carried):
+            assert key in fresh, key
         else:
             assert torch.equal(value, before[key]), key
-    assert all(name.startswith(swapped) for name in fresh) and bool(fresh) == bool(swapped)
+    assert all(name.startswith(swapped) and not name.startswith(carried) for name in fresh)
+    new_parameters = sum(1 for name, _ in converted.named_parameters() if name.startswith(swapped)
+                         and not name.startswith(carried))
+    assert len(fresh) == new_parameters
     assert converted.config.decoder_mixers == [target, target, "attention"]
 
 
+def test_t2r_keeps_the_attention_projections_and_learns_only_its_feature_map():
+    source = tiny_model(["attention"] * 3, seed=5)
+    converted, fresh = convert(source, "t2r", mixer_options={"t2r": {"feature_size": 8}})
+    before = source.state_dict()
+    for layer in range(3):
+        prefix = f"decoder_layers.{layer}.mixer."
+        for name in ("qkv.weight", "qkv.bias", "out.weight", "out.bias"):
+            assert torch.equal(converted.state_dict()[prefix + name], before[prefix + name]), prefix + name
+        assert converted.get_parameter(prefix + "feature_weight").shape == (4, 8, 8)  # (heads, r, head_dim)
+    assert sorted(fresh) == sorted(f"decoder_layers.{layer}.mixer.{name}" for layer in range(3)
+                                   for name in ("feature_weight", "feature_bias"))
+
+
 def test_converted_model_is_exact_step_wise():
-    converted, _ = convert(tiny_model(["attention"] * 3, seed=2), "lstm,attention,lstm", lstm_hidden_size=24)
+    converted, _ = convert(tiny_model(["attention"] * 3, seed=2), "lstm,attention,lstm",
+                           mixer_options={"lstm": {"hidden_size": 24}})
     converted.eval()
     src, tgt = padded_batch([5, 3], seed=3), padded_batch([6, 6], seed=4)
     state = converted.start(src, max_steps=6)

@@ -76,10 +76,10 @@ def test_convert_writes_a_plain_data_checkpoint_with_bit_identical_copies(transf
 def test_convert_reads_an_exported_folder(transformer, tmp_path, capsys):
     folder = export_checkpoint(transformer, tmp_path / "exported")
     main(["convert", f"ckpt_path={folder}", "pattern=[0:lstm,1:attention]", f"output={tmp_path / 'out.ckpt'}",
-          "lstm_hidden_size=24"])
+          "mixer_options.lstm.hidden_size=24"])
     assert "copied unchanged" in capsys.readouterr().out
     target = read_checkpoint(tmp_path / "out.ckpt")
-    assert target.config.decoder_mixers == ["lstm", "attention"] and target.config.lstm_hidden_size == 24
+    assert target.config.decoder_mixers == ["lstm", "attention"] and target.config.options_for("lstm").hidden_size == 24
     assert "converted_at_step" not in target.config.extra  # an exported folder does not know its steps
 
 

@@ -12,25 +12,40 @@ def test_single_name_expands_to_every_layer():
 
 def test_round_trips_through_json():
     config = ModelConfig(vocab_size=40, d_model=64, n_heads=2, decoder_layers=3,
-                         decoder_mixers=["lstm", "attention", "lstm"], lstm_hidden_size=40)
+                         decoder_mixers=["lstm", "attention", "lstm"], mixer_options={"lstm": {"hidden_size": 40}})
     rebuilt = ModelConfig.from_dict(json.loads(json.dumps(config.to_dict())))
     assert rebuilt == config
 
 
-def test_lstm_width_defaults_to_d_model():
-    assert ModelConfig(d_model=96, n_heads=3).lstm_width == 96
-    assert ModelConfig(d_model=96, n_heads=3, lstm_hidden_size=50).lstm_width == 50
+def test_each_mixer_keeps_its_own_options_with_defaults_spelled_out():
+    assert ModelConfig(d_model=96, n_heads=3).options_for("lstm").width(96) == 96
+    config = ModelConfig(d_model=96, n_heads=3, mixer_options={"lstm": {"hidden_size": 50}, "attention": {}})
+    assert config.options_for("lstm").width(96) == 50
+    assert config.mixer_options == {"attention": {}, "lstm": {"hidden_size": 50}}
+    for name in MIXERS:  # every registered mixer's defaults make a valid config
+        assert ModelConfig(mixer_options={name: {}}).options_for(name) == MIXERS[name].Options()
+
+
+def test_a_config_saved_with_the_old_shared_lstm_hidden_size_field_still_loads():
+    saved = {**ModelConfig(d_model=64, n_heads=2).to_dict(), "lstm_hidden_size": 40}
+    del saved["mixer_options"]
+    config = ModelConfig.from_dict(saved)
+    assert config.options_for("lstm").hidden_size == 40
 
 
 @pytest.mark.parametrize("fields, names", [
-    (dict(decoder_mixers="gru"), ["decoder_mixers", "gru", *MIXERS]),
+    (dict(decoder_mixers="no-such-mixer"), ["decoder_mixers", "no-such-mixer", *MIXERS]),
     (dict(decoder_layers=3, decoder_mixers=["lstm", "lstm"]), ["decoder_mixers", "2", "decoder_layers"]),
     (dict(d_model=100, n_heads=3), ["d_model", "n_heads"]),
     (dict(d_model=0), ["d_model", "positive"]),
     (dict(vocab_size=-5), ["vocab_size", "positive"]),
     (dict(encoder_layers=0), ["encoder_layers"]),
     (dict(d_ff=2.5), ["d_ff"]),
-    (dict(lstm_hidden_size=0), ["lstm_hidden_size"]),
+    (dict(mixer_options={"lstm": {"hidden_size": 0}}), ["mixer_options.lstm.hidden_size", "positive"]),
+    (dict(mixer_options={"lstm": {"width": 3}}), ["mixer_options.lstm", "width", "hidden_size"]),
+    (dict(mixer_options={"no-such-mixer": {}}), ["mixer_options", "no-such-mixer", *MIXERS]),
+    (dict(mixer_options=[]), ["mixer_options"]),
+    (dict(mixer_options={"lstm": 5}), ["mixer_options.lstm", "dict"]),
     (dict(max_positions=0), ["max_positions"]),
     (dict(vocab_size=10, eos_id=10), ["eos_id", "vocab_size=10"]),
     (dict(pad_id=-1), ["pad_id"]),

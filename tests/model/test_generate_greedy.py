@@ -53,17 +53,21 @@ def test_eos_check_interval_does_not_change_the_result():
         assert torch.equal(model.generate(src, max_new_tokens=30, eos_check_interval=interval), reference)
 
 
-def test_lstm_state_size_does_not_grow_with_length():
-    model = tiny_model(["lstm"] * 3)
+@pytest.mark.parametrize("name", sorted(name for name, mixer in MIXERS.items() if mixer.constant_state))
+def test_a_constant_state_does_not_grow_with_length(name):
+    model = tiny_model([name] * 3)
     src = padded_batch([4, 6])
     short, long = model.start(src, max_steps=8), model.start(src, max_steps=512)
     tokens = torch.full((2,), model.config.bos_id)
     for _ in range(8):
         model.step(tokens, short)
+    addresses = [tensor.data_ptr() for state in long.mixer_states for tensor in state.tensors()]
     for _ in range(512):
         model.step(tokens, long)
     assert short.mixer_nbytes == long.mixer_nbytes > 0
     assert short.nbytes == long.nbytes
+    # Updated in place, never reallocated.
+    assert [tensor.data_ptr() for state in long.mixer_states for tensor in state.tensors()] == addresses
 
 
 def test_attention_cache_grows_with_requested_length():

@@ -21,7 +21,7 @@ def test_step_logits_equal_teacher_forced_logits(mixer_pattern):
 
 
 def test_parity_with_a_narrower_projected_lstm():
-    model = tiny_model(["lstm", "attention"], lstm_hidden_size=20)
+    model = tiny_model(["lstm", "attention"], mixer_options={"lstm": {"hidden_size": 20}})
     src, tgt = padded_batch([5, 8], seed=3), padded_batch([7, 7], seed=4)
     state = model.start(src, max_steps=7)
     stepped = torch.stack([model.step(tgt[:, t], state) for t in range(7)], dim=1)

@@ -11,7 +11,7 @@ from hybrid import Seq2Seq
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_save_and_load_give_identical_logits(tmp_path, mixer_pattern, tie):
-    model = tiny_model(mixer_pattern, tie_embeddings=tie, lstm_hidden_size=24)
+    model = tiny_model(mixer_pattern, tie_embeddings=tie, mixer_options={"lstm": {"hidden_size": 24}})
     model.save_pretrained(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
     assert json.loads((tmp_path / "config.json").read_text())["decoder_mixers"] == mixer_pattern
