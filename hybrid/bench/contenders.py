@@ -48,13 +48,15 @@ class Contender:
     max_batch: int | None = None  # wider cells are skipped
     prefill_steps: int = 0  # decode steps that ``prefill`` runs too (an engine with no encoder-only call)
     setup_seconds: float | None = None  # export or compilation, paid once per process (timed apart)
+    mixer: str | None = None  # the registered mixer of every decoder layer, for our eager rows; else None
 
 
 def model_config(shape: dict, mixers: str | list[str], lstm_hidden_size: int | None = None) -> ModelConfig:
     return ModelConfig(vocab_size=shape["vocab_size"], d_model=shape["d_model"], n_heads=shape["n_heads"],
                        d_ff=shape["d_ff"], encoder_layers=shape["encoder_layers"],
                        decoder_layers=shape["decoder_layers"], decoder_mixers=mixers, dropout=0.0,
-                       max_positions=shape["max_positions"], lstm_hidden_size=lstm_hidden_size)
+                       max_positions=shape["max_positions"],
+                       mixer_options={"lstm": {"hidden_size": lstm_hidden_size}})
 
 
 def parameter_matched_lstm_width(shape: dict) -> int:
@@ -71,7 +73,7 @@ def parameter_matched_lstm_width(shape: dict) -> int:
 
 
 def ours(name: str, model: Seq2Seq, use_cache: bool = True, max_new_tokens: int | None = None,
-         eos_check_interval: int | None = None) -> Contender:
+         eos_check_interval: int | None = None, mixer: str | None = None) -> Contender:
 
     def generate(src: Tensor, new_tokens: int) -> Tensor:
         return model.generate(src, max_new_tokens=new_tokens, min_new_tokens=new_tokens, use_cache=use_cache,
@@ -85,7 +87,7 @@ def ours(name: str, model: Seq2Seq, use_cache: bool = True, max_new_tokens: int 
         return model.start(src, max_steps=1)
 
     return Contender(name, model.num_parameters(), prefill, generate, state_bytes, seq2seq_reads(model),
-                     max_new_tokens, model)
+                     max_new_tokens, model, mixer=mixer)
 
 
 def fast(contender: Contender, quantize: str | None = None) -> Contender:
@@ -246,25 +248,29 @@ def _id_tokenizer(config: BartConfig) -> PreTrainedTokenizerFast:
         pad_token=str(config.pad_token_id), unk_token=str(unknown))
 
 
+def mixer_row(name: str) -> str:
+    """The benchmark row of the decoder whose every layer is mixer ``name``: its name, with
+    "+kv-cache" where its state grows with the length (attention's)."""
+    return name if MIXERS[name].constant_state else f"{name}+kv-cache"
+
+
 def build_contenders(shape: dict, settings: dict, device, dtype) -> list[Contender]:
-    """The attention decoder (cached and not), the LSTM (equal width and parameter-matched),
-    every other registered mixer, and one random BART run by transformers' generate() and by
+    """A decoder for every registered mixer (attention with its KV cache), attention without a
+    cache, the parameter-matched LSTM, and one random BART run by transformers' generate() and by
     CTranslate2 at each of its compute types, when they are installed (the bench extra)."""
     torch.manual_seed(settings["seed"])
 
     def build(mixers, lstm_hidden_size=None) -> Seq2Seq:
         return Seq2Seq(model_config(shape, mixers, lstm_hidden_size)).to(device=device, dtype=dtype).eval()
 
-    attention = build("attention")
-    contenders = [
-        ours("attention+kv-cache", attention),
+    contenders = [ours(mixer_row(name), build(name), mixer=name) for name in MIXERS]
+    attention = contenders[list(MIXERS).index("attention")].model
+    contenders += [
         dataclasses.replace(ours("attention-no-cache", attention, use_cache=False,
                                  max_new_tokens=settings["uncached_max_new_tokens"]),
                             max_batch=settings["uncached_max_batch"]),
-        ours("lstm", build("lstm")),
-        ours("lstm-param-matched", build("lstm", parameter_matched_lstm_width(shape))),
+        ours("lstm-param-matched", build("lstm", parameter_matched_lstm_width(shape)), mixer="lstm"),
     ]
-    contenders += [ours(name, build(name)) for name in sorted(MIXERS) if name not in ("attention", "lstm")]
     on_gpu = torch.device(device).type == "cuda"
     for base in [c for c in contenders if c.name in settings["fast"]]:
         # On a GPU the fast path is CUDA graphs, and int8 is the CPU path's (ONNX Runtime's) alone.

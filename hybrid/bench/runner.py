@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from hybrid.bench.contenders import Contender, build_contenders
+from hybrid.bench.contenders import Contender, build_contenders, mixer_row
 from hybrid.files import write_atomically
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -125,8 +125,8 @@ def run_benchmark(settings: dict) -> dict:
 
 def _profiles(contenders: list[Contender], settings: dict, device: torch.device,
               generator: torch.Generator) -> dict:
-    """ms per step in each part (mixer, cross-attention, FFN, head, token choice) of the attention
-    and LSTM decoders, early in a decode and at the longest length of the grid (batch 1)."""
+    """ms per step in each part (mixer, cross-attention, FFN, head, token choice) of the decoder of
+    every registered mixer, early in a decode and at the longest length of the grid (batch 1)."""
     from hybrid.bench.profiling import profile_decoding
 
     longest = max(tokens for _, tokens in settings["cells"])
@@ -134,7 +134,7 @@ def _profiles(contenders: list[Contender], settings: dict, device: torch.device,
                         generator=generator).to(device)
     out = {}
     for contender in contenders:
-        if contender.name in ("attention+kv-cache", "lstm", "lstm-param-matched"):
+        if contender.mixer is not None:
             steps = min(32, longest)
             out[contender.name] = {f"position {position}": profile_decoding(contender.model, src, position, steps)
                                    for position in (0, longest - steps)}
@@ -167,13 +167,13 @@ def _measure(contenders: list[Contender], batch: int, new_tokens: int, settings:
 
 def _memory_budget_sweep(contenders: list[Contender], settings: dict, device: torch.device,
                          generator: torch.Generator, bandwidth: float) -> list[dict]:
-    """At the longest length, each of the attention and LSTM decoders at the largest batch whose
+    """At the longest length, the decoder of every registered mixer at the largest batch whose
     weights plus decoding state fit ``memory_budget_gb``: where the KV cache's growth shows."""
     budget = settings["memory_budget_gb"] * 2**30
     new_tokens = max(tokens for _, tokens in settings["cells"])
     rows = []
     for contender in contenders:
-        if contender.name not in ("attention+kv-cache", "lstm"):
+        if contender.mixer is None:
             continue
         weights = sum(p.numel() * p.element_size() for p in contender.model.parameters())
         per_sequence = contender.state_bytes(1, settings["source_length"], new_tokens)  # the state is linear in batch
@@ -207,6 +207,7 @@ def _summarise(contender: Contender, repeats: list[dict], batch: int, new_tokens
         "setup_s": contender.setup_seconds,  # export or compilation, once per process; never in ms_per_token
         "state_bytes": contender.state_bytes(batch, settings["source_length"], new_tokens),
         "parameters": contender.parameters,
+        "mixer": contender.mixer,
     }
     if bandwidth is not None:
         row["step_bytes"] = contender.step_reads.per_step(batch, settings["source_length"], new_tokens)
@@ -291,6 +292,36 @@ def headline(results: dict) -> list[dict]:
              "met": None if value is None else compare[op](value, bound)} for name, op, bound, value in checks]
 
 
+def mixer_comparison(results: dict) -> list[str]:
+    """A Markdown table of the eager decoder of every mixer the run measured (rows that carry a
+    ``mixer``), at batch 1: parameters, state at the longest length, ms/token at each length, and
+    each one's speed relative to the attention decoder's at the longest length."""
+    rows = [row for row in results["rows"] if row.get("mixer") and row["batch"] == 1 and row["sweep"] == "grid"]
+    if not rows:
+        return []
+    lengths = sorted({row["new_tokens"] for row in rows})
+    longest = lengths[-1]
+    by_model = {}
+    for row in rows:
+        by_model.setdefault(row["model"], {})[row["new_tokens"]] = row
+    reference = by_model.get(mixer_row("attention"), {}).get(longest)
+    lines = ["", f"Every mixer's decoder at batch 1 (eager path); 'vs attention': ms/token of the KV-cached "
+             f"attention decoder over this one's at {longest} new tokens.", "",
+             "| model | parameters | state KiB at " + str(longest) + " | "
+             + " | ".join(f"ms/token at {n}" for n in lengths) + " | vs attention |",
+             "|---" * (4 + len(lengths)) + "|"]
+    for model, cells in by_model.items():
+        last = cells.get(longest)
+        ratio = (f"{reference['ms_per_token'] / last['ms_per_token']:.2f}x"
+                 if reference and last and last["ms_per_token"] > 0 else "-")
+        any_row = next(iter(cells.values()))
+        lines.append(f"| {model} | {any_row['parameters']:,} | "
+                     + (f"{last['state_bytes'] / 1024:.1f}" if last else "-") + " | "
+                     + " | ".join(f"{cells[n]['ms_per_token']:.3f}" if n in cells else "-" for n in lengths)
+                     + f" | {ratio} |")
+    return lines
+
+
 def markdown_summary(results: dict) -> str:
     """The headline ratios and the batch-1 length sweep as Markdown, for READMEs and notes."""
     meta = results["meta"]
@@ -311,6 +342,7 @@ def markdown_summary(results: dict) -> str:
                      f"[{row['ms_per_token_min']:.3f}, {row['ms_per_token_max']:.3f}] | {row['tokens_per_s']:.0f} | "
                      f"{row['prefill_ms']:.2f} | {row['state_bytes'] / 2**20:.2f} | {row['step_bytes'] / 1e6:.3f} | "
                      f"{row['floor_ms_per_token']:.4f} | {row['x_floor']:.1f} |")
+    lines += mixer_comparison(results)
     setups = {row["model"]: row["setup_s"] for row in results["rows"] if row.get("setup_s") is not None}
     if setups:
         lines += ["", "Export or compilation, paid once per process before any timed call (seconds): "

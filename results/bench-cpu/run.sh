@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CPU figures the README quotes, from the repository root, one thread, nothing else running:
 #   bash results/bench-cpu/run.sh            all three (about 2 hours on the 2-core machine)
-#   bash results/bench-cpu/run.sh grid|batch1|routes|overhead|cpp
+#   bash results/bench-cpu/run.sh grid|batch1|routes|overhead|cpp|mixers
 # grid:   the default grid (configs/bench/default.yaml) into results/bench-cpu. The CTranslate2 int8 row
 #         and the attention fast rows stop at 1024 new tokens: at 64 x 2048 each takes longer than every
 #         other row together and no target reads them there.
@@ -11,6 +11,8 @@
 #         decision recorded in hybrid/fast.py.
 # overhead: the same engines on a model so small (d_model 16) that a step's arithmetic is nothing:
 #         what is left is each engine's fixed cost per generated token.
+# mixers: the decoder of every registered mixer (hybrid.mixers.MIXERS), eager and on the fast path,
+#         beside CTranslate2, into results/bench-cpu-mixers (about 15 minutes).
 set -euo pipefail
 part=${1:-all}
 if [[ $part == all || $part == grid ]]; then
@@ -34,4 +36,9 @@ if [[ $part == all || $part == overhead ]]; then
 fi
 if [[ $part == all || $part == cpp ]]; then
     TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 python results/fast-routes/cpp_wrapper.py | tee results/fast-routes/cpp_wrapper.txt
+fi
+if [[ $part == all || $part == mixers ]]; then
+    rows=$(python -c "from hybrid import MIXERS; from hybrid.bench.contenders import mixer_row; print(','.join(map(mixer_row, MIXERS)))")
+    hybrid bench threads=1 huggingface_bart=false output_dir=results/bench-cpu-mixers "fast=[$rows]" 'fast_quantize=[null]' \
+        'models=all' 'cells=[[1,64],[1,256],[1,1024],[8,256],[64,256]]'
 fi

@@ -11,7 +11,8 @@ import pytest
 import torch
 from conftest import execute_notebook
 
-from hybrid.bench.contenders import Contender, bart_model, hugging_face_bart
+from hybrid import MIXERS
+from hybrid.bench.contenders import Contender, bart_model, hugging_face_bart, mixer_row
 from hybrid.bench.floor import StepReads
 from hybrid.bench.runner import _summarise, headline, measure_cell
 
@@ -44,6 +45,19 @@ def test_results_file_schema_and_values(tiny_results):
     assert {check["target"] for check in results["headline"]}
     for name in ("results.csv", "ms_per_token.png", "throughput.png", "memory.png", "config.yaml"):
         assert (tiny_results / name).stat().st_size > 0, name
+
+
+def test_every_registered_mixer_has_its_rows_profile_and_summary_line(tiny_results):
+    results = json.loads((tiny_results / "results.json").read_text())
+    summary = (tiny_results / "summary.md").read_text()
+    cells = {(row["batch"], row["new_tokens"]) for row in results["rows"] if row["sweep"] == "grid"}
+    for name in MIXERS:
+        rows = [row for row in results["rows"] if row["model"] == mixer_row(name)]
+        assert {(row["batch"], row["new_tokens"]) for row in rows if row["sweep"] == "grid"} == cells, name
+        assert any(row["sweep"] == "memory_budget" for row in rows), name
+        assert all(row["mixer"] == name for row in rows)
+        assert set(results["profile"][mixer_row(name)]) == {"position 0", "position 16"}, name
+        assert f"| {mixer_row(name)} |" in summary.split("Every mixer's decoder at batch 1")[1], name
 
 
 def test_ctranslate2_runs_in_every_cell_at_float32_and_int8(tiny_results):
