@@ -37,8 +37,8 @@ logger = logging.getLogger(__name__)
 
 CLOCK_FILE = "training_clock.json"
 # The columns of the table, in order; the test metrics follow them.
-COLUMNS = ("task", "run", "decoder", "layers", "lstm_width", "init", "steps", "total_steps", "seed", "parameters",
-           "train_time_s", "train_tokens_per_s", "ms_per_token")
+COLUMNS = ("task", "run", "decoder", "layers", "mixer_options", "init", "steps", "total_steps", "seed", "parameters",
+           "state_bytes", "train_time_s", "train_tokens_per_s", "ms_per_token")
 # Quality on the Pareto plot: the task's error rate (lower is better), the first one a run has.
 ERROR_METRICS = ("test/per", "test/cer", "test/wer")
 VERDICTS = {True: "met", False: "MISSED", None: "not measurable"}  # None: the baseline scored 0
@@ -114,6 +114,17 @@ def pattern_label(mixers: Sequence[str]) -> str:
     return f"{mixers[0]} x{len(mixers)}" if len(set(mixers)) == 1 else ",".join(mixers)
 
 
+def changed_options(config) -> str | None:
+    """The options of the run's mixers that differ from their defaults, e.g. ``"lstm.hidden_size=35"``."""
+    changed = []
+    for name in dict.fromkeys(config.decoder_mixers):
+        options = config.options_for(name)
+        defaults = type(options)()
+        changed += [f"{name}.{key}={value}" for key, value in options.to_dict().items()
+                    if value != getattr(defaults, key)]
+    return " ".join(changed) or None
+
+
 def read_test_metrics(metrics_csv: Path) -> dict[str, float]:
     """Every ``test/...`` value a run's ``csv/metrics.csv`` holds (the last one of each)."""
     metrics: dict[str, float] = {}
@@ -136,7 +147,7 @@ def describe_run(run: Path) -> tuple[dict[str, Any], Seq2Seq]:
     row: dict[str, Any] = {
         "task": task, "run": _run_name(run), "decoder": pattern_label(config.decoder_mixers),
         "layers": f"{config.encoder_layers}-{config.decoder_layers}",
-        "lstm_width": config.lstm_width if "lstm" in config.decoder_mixers else None,
+        "mixer_options": changed_options(config),
         "init": f"converted from {pattern_label(converted_from)}" if converted_from else "scratch",
         "steps": trained.global_step, "total_steps": trained.global_step + config.extra.get("converted_at_step", 0),
         "seed": cfg.get("seed"),
@@ -173,13 +184,18 @@ def decoding_speed(models: dict[str, Seq2Seq], batch: int, new_tokens: int, sour
 def collect(paths: Iterable[str | Path], batch: int = 8, new_tokens: int = 128, source_length: int = 16,
             repeats: int = 5) -> list[dict[str, Any]]:
     """One row per run found under ``paths`` (see :func:`find_runs`): its settings, test metrics,
-    parameter count, training time and tokens/s, and decoding ms/token at ``batch`` x ``new_tokens``."""
+    parameter count, mixer state bytes per sequence at ``new_tokens``, training time and tokens/s, and
+    decoding ms/token at ``batch`` x ``new_tokens``."""
     runs = find_runs(paths)
     if not runs:
         raise FileNotFoundError(f"no run folders (.hydra/config.yaml + checkpoints/last.ckpt) under {list(paths)}")
     rows, models = [], {}
     for run in runs:
         row, model = describe_run(run)
+        # The decoder's self-mixing state for one sequence at the timed length: the LSTM's (h, c) or
+        # the KV cache (cross-attention memory left out: every decoder has the same).
+        src = torch.full((1, source_length), 3)
+        row["state_bytes"] = model.start(src, max_steps=new_tokens).mixer_nbytes
         rows.append(row)
         models[row["run"]] = model.eval()
     speeds = decoding_speed(models, batch, new_tokens, source_length, repeats)
@@ -206,7 +222,7 @@ def columns_of(rows: Sequence[dict[str, Any]]) -> list[str]:
 def _cell(name: str, value: Any) -> str:
     if value is None or value == "":
         return "-"
-    if name == "parameters" or name == "train_tokens_per_s":
+    if name in ("parameters", "train_tokens_per_s", "state_bytes"):
         return f"{float(value):,.0f}"
     if name == "train_time_s":
         return f"{float(value):.1f}"
@@ -298,6 +314,37 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def conversions(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown: each converted-then-fine-tuned run beside the same decoder trained from scratch for the
+    same total steps, and beside the model it was converted from (found by decoder and steps)."""
+
+    def quality(row: dict[str, Any] | None) -> str:
+        if row is None:
+            return "-"
+        error = error_of(row)
+        parts = [f"{error[0]} {error[1]:.3f}"] if error else []
+        if row.get("test/exact_match") is not None:
+            parts.append(f"exact match {row['test/exact_match']:.3f}")
+        return ", ".join(parts) or "-"
+
+    lines = []
+    for row in rows:
+        if not str(row.get("init", "")).startswith("converted from "):
+            continue
+        same = [other for other in rows if other["task"] == row["task"] and other["init"] == "scratch"]
+        scratch = next((o for o in same if o["decoder"] == row["decoder"] and o["steps"] == row["total_steps"]), None)
+        source = next((o for o in same if o["decoder"] == row["init"].removeprefix("converted from ")
+                       and o["steps"] == row["total_steps"] - row["steps"]), None)
+        lines.append(f"| {row['task']} | {row['decoder']} | {row['steps']} of {row['total_steps']} | {quality(row)} | "
+                     f"{quality(scratch)} | {quality(source)} |")
+    if not lines:
+        return ""
+    return ("\nConversion: fine-tuned after `hybrid convert` (steps: fine-tune of total) against the same decoder "
+            "from scratch at equal total steps, and the model it was converted from:\n\n"
+            "| task | decoder | steps | converted + fine-tuned | scratch, equal total | converted from |\n"
+            "|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+
+
 def write_results(rows: Sequence[dict[str, Any]], directory: str | Path, note: str = "") -> list[Path]:
     """``ablations.csv`` (every field), ``ablations.md`` (``note``, then the table) and ``pareto.png``."""
     directory = Path(directory)
@@ -311,7 +358,7 @@ def write_results(rows: Sequence[dict[str, Any]], directory: str | Path, note: s
     checks = "".join(f"- {check['task']}: {check['target']} ({check['needed']}): {check['measured']}, "
                      f"{VERDICTS[check['met']]}\n" for check in targets(rows))
     write_atomically(directory / "ablations.md", (note + "\n\n" if note else "") + markdown_table(rows)
-                     + ("\nTargets:\n\n" + checks if checks else ""))
+                     + conversions(rows) + ("\nTargets:\n\n" + checks if checks else ""))
     figure = pareto_figure(rows)
     write_atomically(directory / "pareto.png", functools.partial(figure.savefig, dpi=120))
     return [directory / "ablations.csv", directory / "ablations.md", directory / "pareto.png"]

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
-from hybrid.ablation import CLOCK_FILE, pareto_front, read_results, targets, write_results
+from hybrid.ablation import CLOCK_FILE, changed_options, conversions, pareto_front, read_results, targets, write_results
 from hybrid.cli import main
 from hybrid.cli.train import run_fit
 from hybrid.training import Seq2SeqTokenizer
@@ -67,6 +67,10 @@ def test_ablate_gathers_every_run_into_a_table_and_a_plot(runs, tmp_path, capsys
     assert lstm["test/cer"] == 0.105 and lstm["init"] == "scratch" and lstm["train_time_s"] == 12.5
     for row in rows:
         assert row["parameters"] > 0 and row["ms_per_token"] > 0 and row["decode_new_tokens"] == 4
+    # One sequence's mixer state at 4 new tokens: the KV cache holds 4 positions, the LSTM its (h, c).
+    config = tiny_model(["lstm"] * 2).config
+    assert rows[0]["state_bytes"] == 2 * 2 * 4 * config.d_model * 4  # layers x (K, V) x steps x width x fp32
+    assert rows[1]["state_bytes"] == 2 * 2 * config.d_model * 4  # layers x (h, c) x width x fp32
     assert rows[2]["decoder"] == "lstm,attention" and rows[2]["test/per"] == 0.3
     table = (out / "ablations.md").read_text()
     assert "batch 2, 4 new tokens" in table and "| ablate_g2p_lstm |" in table
@@ -83,6 +87,29 @@ def test_targets_and_pareto_front():
     assert [check["met"] for check in checks] == [False, True]
     assert "+15.0%" in checks[0]["measured"] and "96.0%" in checks[1]["measured"]
     assert pareto_front([(1.0, 0.5), (2.0, 0.2), (2.0, 0.6), (3.0, 0.2)]) == [0, 1]
+
+
+def test_a_converted_run_stands_beside_scratch_at_equal_total_steps_and_its_source():
+    def row(run, decoder, init, steps, total, per, exact):
+        return {"task": "g2p", "run": run, "decoder": decoder, "init": init, "steps": steps, "total_steps": total,
+                "test/per": per, "test/exact_match": exact}
+
+    rows = [row("attention", "attention x3", "scratch", 500, 500, 0.20, 0.50),
+            row("gru_600", "gru x3", "scratch", 600, 600, 0.30, 0.35),
+            row("gru_500", "gru x3", "scratch", 500, 500, 0.90, 0.01),
+            row("convert_gru", "gru x3", "converted from attention x3", 100, 600, 0.25, 0.45),
+            row("convert_t2r", "t2r x3", "converted from attention x3", 100, 600, 0.22, 0.48)]
+    table = conversions(rows)
+    assert ("| g2p | gru x3 | 100 of 600 | test/per 0.250, exact match 0.450 | test/per 0.300, exact match 0.350 "
+            "| test/per 0.200, exact match 0.500 |") in table
+    assert "| g2p | t2r x3 | 100 of 600 | test/per 0.220, exact match 0.480 | - |" in table  # no scratch run
+    assert conversions(rows[:3]) == ""
+
+
+def test_the_options_column_names_only_what_differs_from_the_defaults():
+    assert changed_options(tiny_model(["lstm", "t2r"]).config) is None
+    config = tiny_model(["lstm", "t2r"], mixer_options={"lstm": {"hidden_size": 24}, "t2r": {"feature_size": 8}}).config
+    assert changed_options(config) == "lstm.hidden_size=24 t2r.feature_size=8"
 
 
 def test_training_clock_writes_time_and_tokens(tmp_path):
