@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 CLOCK_FILE = "training_clock.json"
 # The columns of the table, in order; the test metrics follow them.
 COLUMNS = ("task", "run", "decoder", "layers", "mixer_options", "init", "steps", "total_steps", "seed", "parameters",
-           "state_bytes", "train_time_s", "train_tokens_per_s", "ms_per_token")
+           "mixer_parameters", "state_bytes", "train_time_s", "train_tokens_per_s", "ms_per_token")
 # Quality on the Pareto plot: the task's error rate (lower is better), the first one a run has.
 ERROR_METRICS = ("test/per", "test/cer", "test/wer")
 VERDICTS = {True: "met", False: "MISSED", None: "not measurable"}  # None: the baseline scored 0
@@ -154,6 +154,9 @@ def describe_run(run: Path) -> tuple[dict[str, Any], Seq2Seq]:
     }
     model = trained.build("cpu")
     row["parameters"] = model.num_parameters()
+    # Per decoder layer, the mixer's own (the rest of a layer is the same for every mixer).
+    row["mixer_parameters"] = round(sum(p.numel() for layer in model.decoder_layers for p in layer.mixer.parameters())
+                                    / len(model.decoder_layers))
     clock = run / CLOCK_FILE
     if clock.is_file():
         times = json.loads(clock.read_text())
@@ -222,7 +225,7 @@ def columns_of(rows: Sequence[dict[str, Any]]) -> list[str]:
 def _cell(name: str, value: Any) -> str:
     if value is None or value == "":
         return "-"
-    if name in ("parameters", "train_tokens_per_s", "state_bytes"):
+    if name in ("parameters", "mixer_parameters", "train_tokens_per_s", "state_bytes"):
         return f"{float(value):,.0f}"
     if name == "train_time_s":
         return f"{float(value):.1f}"

@@ -71,6 +71,8 @@ def test_ablate_gathers_every_run_into_a_table_and_a_plot(runs, tmp_path, capsys
     config = tiny_model(["lstm"] * 2).config
     assert rows[0]["state_bytes"] == 2 * 2 * 4 * config.d_model * 4  # layers x (K, V) x steps x width x fp32
     assert rows[1]["state_bytes"] == 2 * 2 * config.d_model * 4  # layers x (h, c) x width x fp32
+    d = config.d_model
+    assert rows[0]["mixer_parameters"] == 4 * d * d + 4 * d  # qkv and out, with biases
     assert rows[2]["decoder"] == "lstm,attention" and rows[2]["test/per"] == 0.3
     table = (out / "ablations.md").read_text()
     assert "batch 2, 4 new tokens" in table and "| ablate_g2p_lstm |" in table
