@@ -166,8 +166,29 @@ def test_headline_ratios_point_the_right_way():
     results = {"rows": [row("lstm+fast", 1.0), row("bart-ct2-float32", 0.5),
                         row("attention+kv-cache", 1.0), row("bart-hf-generate", 3.0)]}
     checks = {check["target"]: check for check in headline(results)}
-    multiple = checks["LSTM fast path ms/token as a multiple of CTranslate2 fp32's, 1 x 256"]
+    multiple = checks["lstm fast path ms/token as a multiple of CTranslate2 fp32's, 1 x 256"]
     assert multiple["measured"] == pytest.approx(2.0) and multiple["met"] is False
     speed_up = checks["KV-cached attention vs transformers' BART generate(), batch 1 x 256"]
     assert speed_up["measured"] == pytest.approx(3.0) and speed_up["met"] is True
-    assert checks["LSTM int8 vs CTranslate2 int8, 64 x 256 (ahead: > 1)"]["met"] is None  # cell not run
+    assert checks["lstm int8 vs CTranslate2 int8, 64 x 256 (ahead: > 1)"]["met"] is None  # cell not run
+
+
+def test_headline_holds_every_measured_constant_state_mixer_to_the_same_targets():
+    # Two constant-state mixers measured (one only on the fast path), the rest of the registry not:
+    # the measured ones get the same targets under their own names, and the others none.
+    def row(model, ms, batch=1, new_tokens=256):
+        return {"model": model, "batch": batch, "new_tokens": new_tokens, "sweep": "grid", "ms_per_token": ms}
+
+    measured = [name for name in MIXERS if MIXERS[name].constant_state][:2]
+    results = {"rows": [row("bart-ct2-float32", 1.0), row(measured[0], 2.0, 1, 4096),
+                        row("attention+kv-cache", 3.0, 1, 4096), row(f"{measured[1]}+fast", 0.5)]}
+    targets = {check["target"]: check for check in headline(results)}
+    for name in (name for name in MIXERS if MIXERS[name].constant_state):
+        mine = {target for target in targets if target.startswith(f"{name} ")}
+        if name in measured:
+            assert len(mine) == 9, (name, mine)
+        else:
+            assert not mine, name
+    assert targets[f"{measured[0]} vs KV-cached attention, batch 1 x 4096"]["measured"] == pytest.approx(1.5)
+    fast = targets[f"{measured[1]} fast path ms/token as a multiple of CTranslate2 fp32's, 1 x 256"]
+    assert fast["measured"] == pytest.approx(0.5) and fast["met"] is True
