@@ -6,6 +6,11 @@ the parameter count, the training time and training tokens/s (written by :class:
 and the decoding speed: greedy ms per generated token at one fixed batch and length, timed with
 the benchmark's own loop (:mod:`hybrid.bench.runner`: warm-up, contenders interleaved, prefill
 subtracted, median of the repeats). The ablation experiments are ``configs/experiment/ablate_*.yaml``.
+
+Seeds are an axis of their own: runs of one configuration that differ only in their seed (``hybrid fit
+experiment=... seed=1 hydra.run.dir=...``) are pooled by :func:`group_seeds` into one row of means, sample
+standard deviations and the number of seeds, and every comparison between configurations says whether its
+difference stands out of the spread between seeds (:func:`significant`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import io
 import json
 import logging
 import platform
+import statistics
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -36,12 +42,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CLOCK_FILE = "training_clock.json"
-# The columns of the table, in order; the test metrics follow them.
-COLUMNS = ("task", "run", "decoder", "layers", "mixer_options", "init", "steps", "total_steps", "seed", "parameters",
-           "mixer_parameters", "state_bytes", "train_time_s", "train_tokens_per_s", "ms_per_token")
+# The columns of the table, in order; the test metrics follow them. A run's row has its ``seed``; a
+# configuration's row (see group_seeds) has ``seeds``, how many runs it pools, instead.
+COLUMNS = ("task", "run", "decoder", "layers", "mixer_options", "init", "steps", "total_steps", "seed", "seeds",
+           "parameters", "mixer_parameters", "state_bytes", "train_time_s", "train_tokens_per_s", "ms_per_token")
+# What a run measures besides its test metrics: these vary between the seeds of one configuration, every
+# other column describes the configuration.
+MEASURED = ("train_time_s", "train_tokens_per_s", "ms_per_token")
 # Quality on the Pareto plot: the task's error rate (lower is better), the first one a run has.
 ERROR_METRICS = ("test/per", "test/cer", "test/wer")
 VERDICTS = {True: "met", False: "MISSED", None: "not measurable"}  # None: the baseline scored 0
+# What significant() says of a difference between two configurations; None: a side has no spread (one seed).
+SIGNIFICANCE = {True: "significant", False: "not significant", None: "n=1, significance unknown"}
 
 
 class TrainingClock(Callback):
@@ -82,17 +94,23 @@ class TrainingClock(Callback):
 
 def find_runs(paths: Iterable[str | Path]) -> list[Path]:
     """Every ``hybrid fit`` run folder at or under ``paths`` (one with ``.hydra/config.yaml`` and
-    ``checkpoints/last.ckpt``); of several runs with the same name, only the newest."""
+    ``checkpoints/last.ckpt``); of several runs with the same name and seed, only the newest (a rerun
+    replaces its predecessor, another seed joins it)."""
     newest: dict[str, Path] = {}
     for path in map(Path, paths):
         for checkpoint in sorted(path.rglob("checkpoints/last.ckpt")):
             run = checkpoint.parent.parent
             if not (run / ".hydra" / "config.yaml").is_file():
                 continue
-            name = _run_name(run)
-            if name not in newest or checkpoint.stat().st_mtime > _last(newest[name]).stat().st_mtime:
-                newest[name] = run
-    return [newest[name] for name in sorted(newest)]
+            key = _run_key(_run_name(run), _composed(run).get("seed"))
+            if key not in newest or checkpoint.stat().st_mtime > _last(newest[key]).stat().st_mtime:
+                newest[key] = run
+    return [newest[key] for key in sorted(newest)]
+
+
+def _run_key(name: str, seed: Any) -> str:
+    """What tells one run from another: its name and its seed."""
+    return f"{name} seed {seed}"
 
 
 def _last(run: Path) -> Path:
@@ -186,9 +204,9 @@ def decoding_speed(models: dict[str, Seq2Seq], batch: int, new_tokens: int, sour
 
 def collect(paths: Iterable[str | Path], batch: int = 8, new_tokens: int = 128, source_length: int = 16,
             repeats: int = 5) -> list[dict[str, Any]]:
-    """One row per run found under ``paths`` (see :func:`find_runs`): its settings, test metrics,
-    parameter count, mixer state bytes per sequence at ``new_tokens``, training time and tokens/s, and
-    decoding ms/token at ``batch`` x ``new_tokens``."""
+    """One row per run found under ``paths`` (see :func:`find_runs`; each seed is a run of its own): its
+    settings, test metrics, parameter count, mixer state bytes per sequence at ``new_tokens``, training time
+    and tokens/s, and decoding ms/token at ``batch`` x ``new_tokens``. :func:`group_seeds` pools the seeds."""
     runs = find_runs(paths)
     if not runs:
         raise FileNotFoundError(f"no run folders (.hydra/config.yaml + checkpoints/last.ckpt) under {list(paths)}")
@@ -200,19 +218,82 @@ def collect(paths: Iterable[str | Path], batch: int = 8, new_tokens: int = 128, 
         src = torch.full((1, source_length), 3)
         row["state_bytes"] = model.start(src, max_steps=new_tokens).mixer_nbytes
         rows.append(row)
-        models[row["run"]] = model.eval()
+        models[_run_key(row["run"], row["seed"])] = model.eval()
     speeds = decoding_speed(models, batch, new_tokens, source_length, repeats)
     for row in rows:
-        row.update(ms_per_token=speeds[row["run"]], decode_batch=batch, decode_new_tokens=new_tokens)
-    return sorted(rows, key=lambda row: (row["task"], row["run"]))
+        row.update(ms_per_token=speeds[_run_key(row["run"], row["seed"])], decode_batch=batch,
+                   decode_new_tokens=new_tokens)
+    return sorted(rows, key=lambda row: (row["task"], row["run"], row["seed"] or 0))
+
+
+# ----- pooling seeds -----------------------------------------------------------------------
+
+
+def is_measured(name: str) -> bool:
+    """Whether column ``name`` is a measurement (a test metric or one of :data:`MEASURED`), which varies
+    between the seeds of one configuration, rather than a description of the configuration."""
+    return name in MEASURED or name.startswith("test/")
+
+
+def std_column(name: str) -> str:
+    """The column of a configuration's row that holds the sample standard deviation of measurement ``name``."""
+    return f"{name}_std"
+
+
+def group_seeds(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per configuration, pooling the runs that differ only in their seed, in the order first seen.
+
+    A configuration is everything a run's row holds but its ``seed`` and its measurements (see
+    :func:`is_measured`): task, run name, decoder, layers, mixer options, init, steps and the rest. Its row
+    keeps those columns and holds, for each measurement, the mean over the seeds that have it and, under
+    :func:`std_column`, the sample standard deviation (n - 1; None for a single value, which has no spread),
+    and ``seeds``, the number of runs pooled. Rows already grouped (all with ``seeds``, as
+    ``ablations_grouped.csv`` reads back) come back as they are.
+    """
+    if rows and all("seeds" in row for row in rows):
+        return [dict(row) for row in rows]
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        # Empty and absent cells alike: a CSV read back has every column, a collected row only its own.
+        configuration = tuple(sorted((name, value) for name, value in row.items()
+                                     if name != "seed" and not is_measured(name) and value not in (None, "")))
+        groups.setdefault(configuration, []).append(row)
+    grouped = []
+    for runs in groups.values():
+        group = {name: value for name, value in runs[0].items() if name != "seed" and not is_measured(name)}
+        group["seeds"] = len(runs)
+        for name in dict.fromkeys(name for run in runs for name in run if is_measured(name)):
+            values = [float(run[name]) for run in runs if run.get(name) not in (None, "")]
+            if values:
+                group[name] = statistics.fmean(values)
+                group[std_column(name)] = statistics.stdev(values) if len(values) > 1 else None
+        grouped.append(group)
+    return grouped
+
+
+def significant(a: dict[str, Any], b: dict[str, Any], metric: str) -> bool | None:
+    """Whether configurations ``a`` and ``b`` (rows of :func:`group_seeds`) differ in ``metric`` by more
+    than the spread between their seeds.
+
+    The rule: the difference of the means counts only when it exceeds the two sample standard deviations
+    added, ``|mean_a - mean_b| > std_a + std_b``, i.e. when the mean ± 1 std intervals do not overlap; a
+    difference inside that spread is not significant. It screens out seed noise read as an effect; it is
+    not a statistical test (with a few seeds the standard deviation is itself rough). None where either
+    side has fewer than two seeds measuring ``metric``: there is no spread to compare with.
+    """
+    spread_a, spread_b = a.get(std_column(metric)), b.get(std_column(metric))
+    if spread_a is None or spread_b is None:
+        return None
+    return abs(float(a[metric]) - float(b[metric])) > spread_a + spread_b
 
 
 # ----- the table and the plot --------------------------------------------------------------
 
 
 def metric_columns(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """The ``test/...`` columns any row has, error rates first."""
+    """The ``test/...`` columns any row has (their standard deviations aside), error rates first."""
     names = {key for row in rows for key in row if key.startswith("test/")}
+    names -= {std_column(name) for name in names}
     return [name for name in ERROR_METRICS if name in names] + sorted(names - set(ERROR_METRICS))
 
 
@@ -222,7 +303,7 @@ def columns_of(rows: Sequence[dict[str, Any]]) -> list[str]:
     return [name for name in COLUMNS if name in present] + metric_columns(rows)
 
 
-def _cell(name: str, value: Any) -> str:
+def _number(name: str, value: Any) -> str:
     if value is None or value == "":
         return "-"
     if name in ("parameters", "mixer_parameters", "train_tokens_per_s", "state_bytes"):
@@ -234,16 +315,24 @@ def _cell(name: str, value: Any) -> str:
     return str(value)
 
 
+def _cell(name: str, row: dict[str, Any]) -> str:
+    """The row's ``name`` as text: the value, and ``± std`` where the row pools several seeds."""
+    text, spread = _number(name, row.get(name)), row.get(std_column(name))
+    return text if spread is None else f"{text} ± {_number(name, spread)}"
+
+
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The rows as a Markdown table, one line per run."""
+    """The rows as a Markdown table, one line per row: a run, or a configuration of :func:`group_seeds`,
+    whose measurements read ``mean ± std`` (the mean alone for one seed)."""
     columns = columns_of(rows)
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(_cell(name, row.get(name)) for name in columns) + " |" for row in rows]
+    lines += ["| " + " | ".join(_cell(name, row) for name in columns) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
 def error_of(row: dict[str, Any]) -> tuple[str, float] | None:
-    """The run's error rate for the Pareto plot: the first of :data:`ERROR_METRICS` it has."""
+    """The row's error rate (a configuration's: the mean) for the Pareto plot: the first of
+    :data:`ERROR_METRICS` it has."""
     for name in ERROR_METRICS:
         if row.get(name) not in (None, ""):
             return name, float(row[name])
@@ -257,21 +346,28 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
 
 
 def pareto_figure(rows: Sequence[dict[str, Any]]) -> Figure:
-    """One panel per task: error rate against decoding ms/token, each run labelled, the front joined."""
+    """One panel per task: error rate against decoding ms/token, one point per configuration (the runs'
+    seeds pooled by :func:`group_seeds`: the means, with ± std bars), each labelled, the front joined."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display on servers or in CI
     import matplotlib.pyplot as plt
 
-    tasks = sorted({row["task"] for row in rows})
+    groups = group_seeds(rows)
+    tasks = sorted({row["task"] for row in groups})
     figure, axes = plt.subplots(1, len(tasks), figsize=(6.4 * len(tasks), 4.8), squeeze=False)
     for axis, task in zip(axes[0], tasks, strict=True):
-        scored = [(row, error_of(row)) for row in rows if row["task"] == task]
+        scored = [(row, error_of(row)) for row in groups if row["task"] == task]
         scored = [(row, error) for row, error in scored if error and row.get("ms_per_token") not in (None, "")]
         points = [(float(row["ms_per_token"]), error[1]) for row, error in scored]
-        axis.scatter([x for x, _ in points], [y for _, y in points], color="tab:blue")
+        if points:
+            axis.errorbar([x for x, _ in points], [y for _, y in points],
+                          xerr=[row.get(std_column("ms_per_token")) or 0.0 for row, _ in scored],
+                          yerr=[row.get(std_column(error[0])) or 0.0 for row, error in scored],
+                          fmt="o", color="tab:blue", elinewidth=1, capsize=2)
         for (row, _), (x, y) in zip(scored, points, strict=True):
             label = str(row["run"]).removeprefix(f"ablate_{task}_")
+            label += f" (n={row['seeds']})" if row["seeds"] > 1 else ""
             axis.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
         front = sorted(points[i] for i in pareto_front(points))
         if front:
@@ -282,93 +378,135 @@ def pareto_figure(rows: Sequence[dict[str, Any]]) -> Figure:
         batch, tokens = next(iter(shape)) if len(shape) == 1 else ("?", "?")
         axis.set_xlabel(f"greedy decoding, ms per token (batch {batch}, {tokens} new tokens)")
         axis.set_ylabel(f"{', '.join(metrics)} (lower is better)")
-        axis.set_title(task)
+        several = any(row["seeds"] > 1 for row, _ in scored)
+        axis.set_title(f"{task} (mean ± std over seeds)" if several else task)
         axis.grid(True, alpha=0.3)
     figure.tight_layout()
     return figure
 
 
 def targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 6's targets, read off the grid's runs (by their experiment names) for every task that has them.
+    """Issue 6's targets, read off the grid's configurations (by their experiment names, the runs' seeds
+    pooled by :func:`group_seeds`) for every task that has them.
 
     The all-LSTM decoder's error rate within 10% (relative) of the all-attention decoder's at the same
     budget (the issue asks it of G2P's PER); and convert-then-fine-tune reaching 95% of the transformer's
-    exact match (sequence accuracy) with at most 20% of its training steps.
+    exact match (sequence accuracy) with at most 20% of its training steps. Each target is judged on the
+    means; ``significant`` says whether the two configurations' difference stands out of the spread
+    between seeds (:func:`significant`), and ``measured`` says it in words.
     """
-    by_run = {row["run"]: row for row in rows}
+    by_run = {row["run"]: row for row in group_seeds(rows)}
     out = []
-    for task in sorted({row["task"] for row in rows}):
+    for task in sorted({row["task"] for row in by_run.values()}):
         lstm, attention = by_run.get(f"ablate_{task}_lstm"), by_run.get(f"ablate_{task}_attention")
         converted = by_run.get(f"ablate_{task}_convert")
         if lstm and attention and error_of(lstm) and error_of(attention):
             (metric, mine), (_, theirs) = error_of(lstm), error_of(attention)
             excess = mine / theirs - 1.0 if theirs > 0 else float("inf") if mine > 0 else 0.0
+            verdict = significant(lstm, attention, metric)
             out.append({"task": task, "target": f"all-LSTM {metric} within 10% of all-attention's",
-                        "needed": "<= +10%", "measured": f"{mine:.3f} vs {theirs:.3f} ({excess:+.1%})",
-                        "met": excess <= 0.10})
+                        "needed": "<= +10%", "measured": f"{_cell(metric, lstm)} vs {_cell(metric, attention)} "
+                                                         f"({excess:+.1%}, {SIGNIFICANCE[verdict]})",
+                        "met": excess <= 0.10, "significant": verdict})
         if converted and attention and attention.get("test/exact_match") is not None:
             theirs, share = attention["test/exact_match"], converted["steps"] / attention["steps"]
             reached = converted["test/exact_match"] / theirs if theirs > 0 else None  # nothing to reach
+            verdict = significant(converted, attention, "test/exact_match")
             out.append({"task": task, "target": "convert-then-fine-tune exact match vs the transformer's",
                         "needed": ">= 95% with <= 20% of its steps",
-                        "measured": f"{converted['test/exact_match']:.3f} vs {theirs:.3f} "
-                                    f"({'n/a' if reached is None else f'{reached:.1%}'}) with {share:.0%} of its steps",
-                        "met": None if reached is None else reached >= 0.95 and share <= 0.20})
+                        "measured": f"{_cell('test/exact_match', converted)} vs {_cell('test/exact_match', attention)} "
+                                    f"({'n/a' if reached is None else f'{reached:.1%}'}, {SIGNIFICANCE[verdict]}) "
+                                    f"with {share:.0%} of its steps",
+                        "met": None if reached is None else reached >= 0.95 and share <= 0.20,
+                        "significant": verdict})
     return out
 
 
 def conversions(rows: Sequence[dict[str, Any]]) -> str:
-    """Markdown: each converted-then-fine-tuned run beside the same decoder trained from scratch for the
-    same total steps, and beside the model it was converted from (found by decoder and steps)."""
+    """Markdown: each converted-then-fine-tuned configuration beside the same decoder trained from scratch
+    for the same total steps, and beside the model it was converted from (found by decoder and steps), the
+    runs' seeds pooled by :func:`group_seeds`; the last two columns give the converted error rate's
+    difference from each and whether it stands out of the spread between seeds (:func:`significant`)."""
 
     def quality(row: dict[str, Any] | None) -> str:
         if row is None:
             return "-"
         error = error_of(row)
-        parts = [f"{error[0]} {error[1]:.3f}"] if error else []
+        parts = [f"{error[0]} {_cell(error[0], row)}"] if error else []
         if row.get("test/exact_match") is not None:
-            parts.append(f"exact match {row['test/exact_match']:.3f}")
+            parts.append(f"exact match {_cell('test/exact_match', row)}")
         return ", ".join(parts) or "-"
 
+    def difference(row: dict[str, Any], other: dict[str, Any] | None) -> str:
+        error = error_of(row)
+        if other is None or error is None or other.get(error[0]) in (None, ""):
+            return "-"
+        return f"{error[1] - float(other[error[0]]):+.3f}, {SIGNIFICANCE[significant(row, other, error[0])]}"
+
+    groups = group_seeds(rows)
     lines = []
-    for row in rows:
+    for row in groups:
         if not str(row.get("init", "")).startswith("converted from "):
             continue
-        same = [other for other in rows if other["task"] == row["task"] and other["init"] == "scratch"]
+        same = [other for other in groups if other["task"] == row["task"] and other["init"] == "scratch"]
         scratch = next((o for o in same if o["decoder"] == row["decoder"] and o["steps"] == row["total_steps"]), None)
         source = next((o for o in same if o["decoder"] == row["init"].removeprefix("converted from ")
                        and o["steps"] == row["total_steps"] - row["steps"]), None)
         lines.append(f"| {row['task']} | {row['decoder']} | {row['steps']} of {row['total_steps']} | {quality(row)} | "
-                     f"{quality(scratch)} | {quality(source)} |")
+                     f"{quality(scratch)} | {quality(source)} | {difference(row, scratch)} | "
+                     f"{difference(row, source)} |")
     if not lines:
         return ""
     return ("\nConversion: fine-tuned after `hybrid convert` (steps: fine-tune of total) against the same decoder "
-            "from scratch at equal total steps, and the model it was converted from:\n\n"
-            "| task | decoder | steps | converted + fine-tuned | scratch, equal total | converted from |\n"
-            "|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+            "from scratch at equal total steps, and the model it was converted from; the error rate's difference "
+            "(converted minus the other) and whether it exceeds the spread between seeds:\n\n"
+            "| task | decoder | steps | converted + fine-tuned | scratch, equal total | converted from "
+            "| vs scratch | vs converted from |\n"
+            "|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
 
 
-def write_results(rows: Sequence[dict[str, Any]], directory: str | Path, note: str = "") -> list[Path]:
-    """``ablations.csv`` (every field), ``ablations.md`` (``note``, then the table) and ``pareto.png``."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    fields = [*columns_of(rows), *sorted({key for row in rows for key in row} - set(columns_of(rows)))]
+def _csv_text(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows as CSV: the table's columns, each measurement followed by its standard deviation where the
+    rows have one, then every other field."""
+    present = {key for row in rows for key in row}
+    fields = [field for name in columns_of(rows) for field in (name, std_column(name)) if field in present]
+    fields += sorted(present - set(fields))
     table = io.StringIO()
     writer = csv.DictWriter(table, fieldnames=fields)
     writer.writeheader()
     writer.writerows(rows)
-    write_atomically(directory / "ablations.csv", table.getvalue())
+    return table.getvalue()
+
+
+def write_results(rows: Sequence[dict[str, Any]], directory: str | Path, note: str = "") -> list[Path]:
+    """Write the runs' ``rows`` (as :func:`collect` gives them) into ``directory``.
+
+    ``ablations.csv`` holds one row per run, every field, each seed its own row; ``ablations_grouped.csv``
+    one row per configuration (:func:`group_seeds`: the means, their ``<name>_std`` and ``seeds``);
+    ``ablations.md`` the ``note``, the configurations' table, the conversion table and the targets, then,
+    where some configuration has several seeds, the runs' table; and ``pareto.png`` the configurations.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    grouped = group_seeds(rows)
+    write_atomically(directory / "ablations.csv", _csv_text(rows))
+    write_atomically(directory / "ablations_grouped.csv", _csv_text(grouped))
     checks = "".join(f"- {check['task']}: {check['target']} ({check['needed']}): {check['measured']}, "
                      f"{VERDICTS[check['met']]}\n" for check in targets(rows))
-    write_atomically(directory / "ablations.md", (note + "\n\n" if note else "") + markdown_table(rows)
-                     + conversions(rows) + ("\nTargets:\n\n" + checks if checks else ""))
+    pooled = ("One row per configuration: each measurement is the mean ± sample standard deviation over its "
+              "`seeds` runs (the mean alone for one seed).\n\n")
+    every_run = ("\nEvery run, one row per seed:\n\n" + markdown_table(rows)
+                 if any(group["seeds"] > 1 for group in grouped) else "")
+    write_atomically(directory / "ablations.md", (note + "\n\n" if note else "") + pooled + markdown_table(grouped)
+                     + conversions(rows) + ("\nTargets:\n\n" + checks if checks else "") + every_run)
     figure = pareto_figure(rows)
     write_atomically(directory / "pareto.png", functools.partial(figure.savefig, dpi=120))
-    return [directory / "ablations.csv", directory / "ablations.md", directory / "pareto.png"]
+    return [directory / name for name in ("ablations.csv", "ablations_grouped.csv", "ablations.md", "pareto.png")]
 
 
 def read_results(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of an ``ablations.csv``, numbers as numbers and empty cells as None."""
+    """The rows of an ``ablations.csv`` (one per run) or an ``ablations_grouped.csv`` (one per configuration),
+    numbers as numbers and empty cells as None."""
 
     def value(text: str) -> Any:
         if text == "":
@@ -387,7 +525,8 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
 def ablate(runs: Sequence[str | Path], output_dir: str | Path, *, batch_size: int, new_tokens: int,
            source_length: int, repeats: int, threads: int) -> list[Path]:
     """Collect the runs under ``runs`` (see :func:`collect`, whose decoding-speed settings the keywords are,
-    timed on ``threads`` torch threads), write the table and the plot into ``output_dir``, print the table."""
+    timed on ``threads`` torch threads), write the tables and the plot into ``output_dir`` (see
+    :func:`write_results`), print the configurations' table."""
     torch.set_num_threads(threads)
     rows = collect(runs, batch=batch_size, new_tokens=new_tokens, source_length=source_length, repeats=repeats)
     note = (f"Decoding: greedy, batch {batch_size}, {new_tokens} new tokens, source length "
@@ -395,6 +534,6 @@ def ablate(runs: Sequence[str | Path], output_dir: str | Path, *, batch_size: in
             f"), {torch.get_num_threads()} threads, torch {torch.__version__}, "
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}.")
     paths = write_results(rows, output_dir, note)
-    print(markdown_table(rows))
+    print(markdown_table(group_seeds(rows)))
     print("wrote " + ", ".join(map(str, paths)))
     return paths

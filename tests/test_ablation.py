@@ -1,8 +1,10 @@
-"""`hybrid ablate` on fake runs, the training clock in a real one, and the ablation notebook on a tiny table."""
+"""`hybrid ablate` on fake runs, seeds pooled and compared, the training clock in a real one, and the
+ablation notebook on a tiny table."""
 
 import csv
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -12,7 +14,18 @@ from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
-from hybrid.ablation import CLOCK_FILE, changed_options, conversions, pareto_front, read_results, targets, write_results
+from hybrid.ablation import (
+    CLOCK_FILE,
+    changed_options,
+    conversions,
+    group_seeds,
+    markdown_table,
+    pareto_front,
+    read_results,
+    significant,
+    targets,
+    write_results,
+)
 from hybrid.cli import main
 from hybrid.cli.train import run_fit
 from hybrid.training import Seq2SeqTokenizer
@@ -22,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ALPHABET = "abcdefghi"  # 4 specials + 9 letters: the tiny models' 13-token vocabulary
 
 
-def fake_run(folder: Path, name: str, mixers: list[str], metrics: dict[str, float], task: str = "copy") -> Path:
+def fake_run(folder: Path, name: str, mixers: list[str], metrics: dict[str, float], task: str = "copy",
+             seed: int = 0, train_time_s: float = 12.5) -> Path:
     """A folder shaped like a `hybrid fit` run: composed config, last.ckpt, metrics.csv, training clock."""
     tokenizer = Seq2SeqTokenizer.train([ALPHABET], [ALPHABET], "char", "char")
     model = tiny_model(mixers, seed=len(name))
@@ -31,14 +45,14 @@ def fake_run(folder: Path, name: str, mixers: list[str], metrics: dict[str, floa
     data = ({"_target_": "hybrid.training.G2PDataModule"} if task == "g2p"
             else {"_target_": "hybrid.training.SyntheticDataModule", "task": task})
     (folder / ".hydra").mkdir(parents=True)
-    OmegaConf.save(OmegaConf.create({"name": name, "seed": 0, "data": data}), folder / ".hydra" / "config.yaml")
+    OmegaConf.save(OmegaConf.create({"name": name, "seed": seed, "data": data}), folder / ".hydra" / "config.yaml")
     (folder / "csv").mkdir()
     with open(folder / "csv" / "metrics.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=["epoch", "step", "val/loss", *metrics])
         writer.writeheader()
         writer.writerow({"epoch": 0, "step": 10, "val/loss": 1.0})
         writer.writerow({"epoch": 0, "step": 10, **metrics})
-    (folder / CLOCK_FILE).write_text(json.dumps({"train_time_s": 12.5, "train_tokens_per_s": 1000.0}))
+    (folder / CLOCK_FILE).write_text(json.dumps({"train_time_s": train_time_s, "train_tokens_per_s": 1000.0}))
     return folder
 
 
@@ -51,6 +65,9 @@ def runs(tmp_path_factory) -> Path:
              {"test/cer": 0.105, "test/exact_match": 0.70})
     fake_run(root / "a" / "2_ablate_copy_lstm_old", "ablate_copy_lstm", ["lstm"] * 3, {"test/cer": 0.9})
     os.utime(root / "a" / "2_ablate_copy_lstm_old" / "checkpoints" / "last.ckpt", (time.time() - 60,) * 2)
+    for seed, cer, seconds in [(1, 0.115, 14.5), (2, 0.125, 16.5)]:  # two more seeds of ablate_copy_lstm
+        fake_run(root / "a" / f"1_ablate_copy_lstm_seed{seed}", "ablate_copy_lstm", ["lstm"] * 2,
+                 {"test/cer": cer, "test/exact_match": 0.70}, seed=seed, train_time_s=seconds)
     fake_run(root / "b", "ablate_g2p_lstm", ["lstm", "attention"], {"test/per": 0.3, "test/wer": 0.6}, task="g2p")
     return root
 
@@ -60,10 +77,11 @@ def test_ablate_gathers_every_run_into_a_table_and_a_plot(runs, tmp_path, capsys
     main(["ablate", f"runs={runs}", f"output_dir={out}", "batch_size=2", "new_tokens=4", "source_length=5",
           "repeats=1"])
     rows = read_results(out / "ablations.csv")
-    assert [(row["task"], row["run"]) for row in rows] == [
-        ("copy", "ablate_copy_attention"), ("copy", "ablate_copy_lstm"), ("g2p", "ablate_g2p_lstm")]
+    assert [(row["task"], row["run"], row["seed"]) for row in rows] == [
+        ("copy", "ablate_copy_attention", 0), ("copy", "ablate_copy_lstm", 0), ("copy", "ablate_copy_lstm", 1),
+        ("copy", "ablate_copy_lstm", 2), ("g2p", "ablate_g2p_lstm", 0)]
     lstm = rows[1]
-    assert lstm["decoder"] == "lstm x2" and lstm["layers"] == "2-2"  # the newer of the two runs of that name
+    assert lstm["decoder"] == "lstm x2" and lstm["layers"] == "2-2"  # the newer of the two seed-0 runs of that name
     assert lstm["test/cer"] == 0.105 and lstm["init"] == "scratch" and lstm["train_time_s"] == 12.5
     for row in rows:
         assert row["parameters"] > 0 and row["ms_per_token"] > 0 and row["decode_new_tokens"] == 4
@@ -73,12 +91,104 @@ def test_ablate_gathers_every_run_into_a_table_and_a_plot(runs, tmp_path, capsys
     assert rows[1]["state_bytes"] == 2 * 2 * config.d_model * 4  # layers x (h, c) x width x fp32
     d = config.d_model
     assert rows[0]["mixer_parameters"] == 4 * d * d + 4 * d  # qkv and out, with biases
-    assert rows[2]["decoder"] == "lstm,attention" and rows[2]["test/per"] == 0.3
+    assert rows[4]["decoder"] == "lstm,attention" and rows[4]["test/per"] == 0.3
+
+    # The three seeds of ablate_copy_lstm are one configuration: cer 0.105/0.115/0.125, time 12.5/14.5/16.5.
+    with open(out / "ablations_grouped.csv", newline="") as handle:
+        header = next(csv.reader(handle))
+    assert "seeds" in header and "seed" not in header
+    assert header.index("test/cer_std") == header.index("test/cer") + 1
+    grouped = read_results(out / "ablations_grouped.csv")
+    assert [(row["run"], row["seeds"]) for row in grouped] == [
+        ("ablate_copy_attention", 1), ("ablate_copy_lstm", 3), ("ablate_g2p_lstm", 1)]
+    pooled = grouped[1]
+    assert pooled["test/cer"] == pytest.approx(0.115) and pooled["test/cer_std"] == pytest.approx(0.01)
+    assert pooled["train_time_s"] == pytest.approx(14.5) and pooled["train_time_s_std"] == pytest.approx(2.0)
+    assert pooled["test/exact_match_std"] == pytest.approx(0.0) and pooled["ms_per_token_std"] is not None
+    assert grouped[0]["test/cer_std"] is None and grouped[0]["ms_per_token_std"] is None  # one seed: no spread
+
     table = (out / "ablations.md").read_text()
     assert "batch 2, 4 new tokens" in table and "| ablate_g2p_lstm |" in table
-    assert "all-LSTM test/cer within 10% of all-attention's" in table and "(+5.0%), met" in table
+    assert "| copy | ablate_copy_lstm | lstm x2 | 2-2 | - | scratch | 0 | 0 | 3 |" in table
+    assert "| 14.5 ± 2.0 | 1,000 ± 0 |" in table and "| 0.115 ± 0.010 |" in table
+    assert ("all-LSTM test/cer within 10% of all-attention's (<= +10%): 0.115 ± 0.010 vs 0.100 "
+            "(+15.0%, n=1, significance unknown), MISSED") in table
+    assert table.index("Targets:") < table.index("Every run, one row per seed:")  # several seeds: runs follow
+    assert table.count("| copy | ablate_copy_lstm |") == 4  # the configuration, then its three seeds
     assert (out / "pareto.png").stat().st_size > 0
     assert "ablate_copy_attention" in capsys.readouterr().out
+
+
+def test_seeds_of_one_configuration_pool_into_mean_std_and_count():
+    def run(seed, steps, per, ms):
+        return {"task": "g2p", "run": "ablate_g2p_lstm", "decoder": "lstm x3", "steps": steps, "seed": seed,
+                "parameters": 1000, "train_time_s": 10.0 + seed, "ms_per_token": ms, "test/per": per}
+
+    rows = [run(0, 500, 0.20, 1.0), run(1, 500, 0.30, 1.2), run(2, 500, 0.40, 1.4), run(0, 600, 0.25, 1.1)]
+    five_hundred, six_hundred = group_seeds(rows)  # same name, different steps: two configurations
+    assert five_hundred["seeds"] == 3 and "seed" not in five_hundred and five_hundred["steps"] == 500
+    assert five_hundred["parameters"] == 1000  # a configuration's own columns are kept as they are
+    assert five_hundred["test/per"] == pytest.approx(0.30)
+    assert five_hundred["test/per_std"] == pytest.approx(0.10)  # sample std, n - 1: population std is 0.0816
+    assert five_hundred["test/per_std"] == pytest.approx(statistics.stdev([0.20, 0.30, 0.40]))
+    assert five_hundred["ms_per_token"] == pytest.approx(1.2) and five_hundred["ms_per_token_std"] == pytest.approx(0.2)
+    assert five_hundred["train_time_s"] == pytest.approx(11.0)
+    assert five_hundred["train_time_s_std"] == pytest.approx(1.0)
+    assert six_hundred["seeds"] == 1 and six_hundred["test/per"] == 0.25
+    assert six_hundred["test/per_std"] is None and six_hundred["ms_per_token_std"] is None  # one seed: no fake std
+    assert group_seeds([five_hundred, six_hundred]) == [five_hundred, six_hundred]  # grouped rows pass through
+    table = markdown_table([five_hundred, six_hundred])
+    assert "| seeds |" in table and "| 3 |" in table and "| 0.300 ± 0.100 |" in table
+    assert "| 1 |" in table and "| 0.250 |" in table and "0.250 ±" not in table
+
+
+def test_a_difference_inside_the_spread_between_seeds_is_not_significant():
+    def configuration(name, per_by_seed):
+        return [{"task": "g2p", "run": f"ablate_g2p_{name}", "seed": seed, "steps": 500, "test/per": per,
+                 "test/exact_match": 0.5} for seed, per in enumerate(per_by_seed)]
+
+    attention, lstm, far, single = group_seeds(
+        configuration("attention", [0.20, 0.22, 0.24]) + configuration("lstm", [0.23, 0.25, 0.27])
+        + configuration("far", [0.50, 0.51, 0.52]) + configuration("single", [0.21]))
+    # Means 0.22 and 0.25, both std 0.02: the gap of 0.03 lies inside 0.02 + 0.02.
+    assert significant(lstm, attention, "test/per") is False
+    assert significant(far, attention, "test/per") is True  # 0.29 apart, spread 0.03
+    assert significant(single, attention, "test/per") is None  # one seed has no spread
+    assert significant(attention, attention, "test/exact_match") is False  # equal means, no spread at all
+    lstm_rows = configuration("attention", [0.20, 0.22, 0.24]) + configuration("lstm", [0.23, 0.25, 0.27])
+    (check,) = targets(lstm_rows)
+    assert check["significant"] is False and check["met"] is False  # +13.6% on the means, but within the noise
+    assert check["measured"] == "0.250 ± 0.020 vs 0.220 ± 0.020 (+13.6%, not significant)"
+    (check,) = targets(configuration("attention", [0.20, 0.22, 0.24]) + configuration("lstm", [0.50, 0.51, 0.52]))
+    assert check["significant"] is True and check["measured"].endswith("(+131.8%, significant)")
+    (check,) = targets(configuration("attention", [0.20]) + configuration("lstm", [0.23, 0.25, 0.27]))
+    assert check["significant"] is None and "n=1, significance unknown" in check["measured"]
+
+
+def test_a_converted_configuration_is_compared_with_the_spread_of_its_seeds():
+    def runs(run, decoder, init, steps, total, per_by_seed):
+        return [{"task": "g2p", "run": run, "decoder": decoder, "init": init, "steps": steps, "total_steps": total,
+                 "seed": seed, "test/per": per} for seed, per in enumerate(per_by_seed)]
+
+    rows = (runs("attention", "attention x3", "scratch", 500, 500, [0.20, 0.21, 0.22])
+            + runs("lstm_600", "lstm x3", "scratch", 600, 600, [0.40, 0.41, 0.42])
+            + runs("convert_lstm", "lstm x3", "converted from attention x3", 100, 600, [0.20, 0.22, 0.24]))
+    table = conversions(rows)
+    assert ("| g2p | lstm x3 | 100 of 600 | test/per 0.220 ± 0.020 | test/per 0.410 ± 0.010 | test/per 0.210 ± 0.010 "
+            "| -0.190, significant | +0.010, not significant |") in table
+
+
+def test_committed_results_read_back_as_one_seed_per_configuration():
+    for path in sorted(ROOT.glob("results/ablations*/ablations.csv")):
+        rows = read_results(path)
+        grouped = group_seeds(rows)
+        assert len(grouped) == len(rows) and {row["seeds"] for row in grouped} == {1}, path
+        assert all(row.get("test/loss_std") is None for row in grouped)
+        assert [row["run"] for row in grouped] == [row["run"] for row in rows]
+        assert "| seeds |" in markdown_table(grouped)
+        checks = targets(rows)
+        assert checks and all(check["significant"] is None for check in checks)
+        assert all("n=1, significance unknown" in check["measured"] for check in checks)
 
 
 def test_targets_and_pareto_front():
@@ -105,6 +215,7 @@ def test_a_converted_run_stands_beside_scratch_at_equal_total_steps_and_its_sour
     assert ("| g2p | gru x3 | 100 of 600 | test/per 0.250, exact match 0.450 | test/per 0.300, exact match 0.350 "
             "| test/per 0.200, exact match 0.500 |") in table
     assert "| g2p | t2r x3 | 100 of 600 | test/per 0.220, exact match 0.480 | - |" in table  # no scratch run
+    assert "| -0.050, n=1, significance unknown | +0.050, n=1, significance unknown |" in table  # the gru row
     assert conversions(rows[:3]) == ""
 
 
