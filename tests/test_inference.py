@@ -91,6 +91,8 @@ def test_records_end_at_newlines_only_so_output_line_i_answers_input_line_i(load
     job = BulkJob(generation=GREEDY, max_tokens=36, window=15, shard_size=2)
     assert run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), job, progress=False)
     assert (tmp_path / "out.txt").read_bytes().count(b"\n") == 3
+    assert tokenizer.encode_source("") == [tokenizer.eos_id]  # the blank line encodes to its eos alone...
+    assert (tmp_path / "out.txt").read_text().split("\n")[2] == ""  # ...and is answered by an empty line
 
 
 def test_a_line_without_a_source_is_rejected_with_its_number_and_why(tmp_path):

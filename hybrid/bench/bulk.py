@@ -112,7 +112,7 @@ def g2p_sources(settings: dict[str, Any], tokenizer=None, vocab_size: int | None
         encoded = [tokenizer.encode_source(word) for word in words]
     else:  # random models: letters to ids, never the specials 0-2
         encoded = [[3 + ord(char) % (vocab_size - 3) for char in word] for word in words]
-    return [Source(index, ids) for index, ids in enumerate(encoded) if ids]
+    return [Source(index, ids) for index, ids in enumerate(encoded) if ids]  # every word has a letter
 
 
 def synthetic_sources(settings: dict[str, Any]) -> list[Source]:

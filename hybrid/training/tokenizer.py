@@ -7,8 +7,12 @@ whose model holds the full joint vocabulary, so a symbol used on both sides gets
 
 Special tokens are deliberately *not* registered as `tokenizers` added tokens: added tokens are
 matched in raw text, and a target that contains "</s>" (an HTML strike-through tag) must not end
-the sequence. The four specials live only in the vocabulary, at fixed ids, and are inserted by
-the data pipeline and generation code, never by `encode_*`.
+the sequence. The four specials live only in the vocabulary, at fixed ids. The one special that
+`encode_*` inserts is the source's closing eos, as fairseq does: the encoder then sees where the
+source ends, which relative positions alone do not tell it. It is the source tokenizer's own
+`TemplateProcessing` post-processor, so it is saved with the tokenizer: one trained before it
+existed has none and keeps encoding its sources as it was trained. Bos and the target's eos are
+inserted by the data pipeline and generation code.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from hybrid.files import write_atomically
 
@@ -47,8 +51,10 @@ def _pre_tokenizer(level: str) -> pre_tokenizers.PreTokenizer:
     raise ValueError(f"unknown tokenizer level {level!r}; expected one of {LEVELS}")
 
 
-def _build_side(level: str, vocab: dict[str, int], merges: list[tuple[str, str]]) -> Tokenizer:
-    """One side's tokenizer: the joint vocabulary with this side's way of splitting text."""
+def _build_side(level: str, vocab: dict[str, int], merges: list[tuple[str, str]], append_eos: bool = False
+                ) -> Tokenizer:
+    """One side's tokenizer: the joint vocabulary with this side's way of splitting text, closing
+    every encoding with eos if ``append_eos``."""
     if level == "bpe":
         tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=UNK))
         tokenizer.decoder = decoders.Metaspace()
@@ -58,6 +64,8 @@ def _build_side(level: str, vocab: dict[str, int], merges: list[tuple[str, str]]
         if level == "char":
             tokenizer.decoder = decoders.Fuse()
     tokenizer.pre_tokenizer = _pre_tokenizer(level)
+    if append_eos:
+        tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, EOS_ID)])
     return tokenizer
 
 
@@ -77,7 +85,8 @@ class Seq2SeqTokenizer:
     """Source and target `tokenizers.Tokenizer`s that share one vocabulary and the fixed specials.
 
     Build one with `Seq2SeqTokenizer.train(...)`, or restore one with `load`/`from_json_str`.
-    `encode_source`/`encode_target` return ids without specials; `decode` turns generated target
+    `encode_source` returns ids closed by eos (if the tokenizer was trained with `source_eos`, see
+    `source_suffix`), `encode_target` ids without specials; `decode` turns generated target
     ids back into text (dropping pad/bos, stopping at eos). Symbols missing from the vocabulary
     become `<unk>`: each new one is logged once and every occurrence is counted in
     `unknown_symbols`, so a bad input file shows up in the logs instead of crashing a run.
@@ -103,6 +112,7 @@ class Seq2SeqTokenizer:
         source_level: Level = "char",
         target_level: Level = "char",
         vocab_size: int = 8000,
+        source_eos: bool = True,
     ) -> Seq2SeqTokenizer:
         """Build the joint vocabulary from example texts of both sides.
 
@@ -110,7 +120,7 @@ class Seq2SeqTokenizer:
         `vocab_size` bounds that model (it is grown if needed to hold every character seen).
         The `"char"` and `"space"` sides then add each distinct symbol they contain, in sorted
         order so the ids do not depend on the order of the texts. For a closed symbol set, passing
-        the alphabet itself as the only text is enough.
+        the alphabet itself as the only text is enough. `source_eos` closes every source with eos.
         """
         levels = {"source": source_level, "target": target_level}
         texts = {"source": list(source_texts), "target": list(target_texts)}
@@ -131,7 +141,7 @@ class Seq2SeqTokenizer:
             vocab[symbol] = len(vocab)
 
         return cls(
-            _build_side(source_level, vocab, merges),
+            _build_side(source_level, vocab, merges, append_eos=source_eos),
             _build_side(target_level, vocab, merges),
             source_level,
             target_level,
@@ -157,10 +167,17 @@ class Seq2SeqTokenizer:
     def unk_id(self) -> int:
         return UNK_ID
 
+    @property
+    def source_suffix(self) -> list[int]:
+        """The ids `encode_source` closes every source with: `[eos]`, or `[]` for a tokenizer trained
+        without `source_eos` (before it existed). Length limits and truncation keep it."""
+        return self.source.encode("", add_special_tokens=True).ids
+
     def _encode(self, tokenizer: Tokenizer, text: str) -> list[int]:
-        encoding = tokenizer.encode(text, add_special_tokens=False)
-        for token_id, (start, end) in zip(encoding.ids, encoding.offsets, strict=True):
-            if token_id == UNK_ID:
+        encoding = tokenizer.encode(text)  # with the side's post-processor: the source's eos, if any
+        for token_id, (start, end), special in zip(encoding.ids, encoding.offsets, encoding.special_tokens_mask,
+                                                   strict=True):
+            if token_id == UNK_ID and not special:
                 symbol = text[start:end]
                 if symbol not in self.unknown_symbols:
                     logger.warning("symbol %r is not in the vocabulary; encoding it as %s", symbol, UNK)
@@ -168,7 +185,7 @@ class Seq2SeqTokenizer:
         return encoding.ids
 
     def encode_source(self, text: str) -> list[int]:
-        """Source text to ids, without bos/eos; unknown symbols become `<unk>` and are counted."""
+        """Source text to ids, closed by `source_suffix`; unknown symbols become `<unk>` and are counted."""
         return self._encode(self.source, text)
 
     def encode_target(self, text: str) -> list[int]:

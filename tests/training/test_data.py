@@ -27,6 +27,7 @@ def _check_batch(batch, tokenizer):
         source_ids, target_ids = tokenizer.encode_source(source), tokenizer.encode_target(target)
         n, t = len(source_ids), len(target_ids)
         assert src_ids[row, :n].tolist() == source_ids and not src_ids[row, n:].any()
+        assert source_ids[-1] == tokenizer.eos_id  # every source ends with eos, as fairseq's
         assert src_mask[row].tolist() == [True] * n + [False] * (src_ids.size(1) - n)
         assert tgt_in[row, : t + 1].tolist() == [tokenizer.bos_id, *target_ids]
         assert tgt_out[row, : t + 1].tolist() == [*target_ids, tokenizer.eos_id]
@@ -112,7 +113,8 @@ def test_synthetic_eval_sources_are_unseen_and_test_lengths_can_differ():
     train_sources = {source for source, _ in datamodule.pairs["train"]}
     assert not train_sources & {source for source, _ in datamodule.pairs["val"]}
     assert all(10 <= len(source) <= 12 for source, _ in datamodule.pairs["test"])
-    assert datamodule.source_length == 12 and datamodule.target_length == 13
+    # The longest source, 12 symbols, closed by its eos; the target row, 12 symbols and bos or eos.
+    assert datamodule.source_length == 13 and datamodule.target_length == 13
 
 
 def test_synthetic_refuses_a_task_space_too_small_for_unseen_eval_data():
@@ -280,7 +282,8 @@ def test_text_length_filter_is_counted(tmp_path):
     datamodule.setup()
     assert sorted(example.source for example in datamodule.datasets["train"]) == ["a", "ab"]
     assert datamodule.skipped == {"source_too_long": 1, "target_too_long": 1}
-    assert datamodule.source_length == 2 and datamodule.target_length == 3
+    # max_source_length counts the source's eos ("ab" + eos is 3), as fairseq's max_source_positions.
+    assert datamodule.source_length == 3 and datamodule.target_length == 3
 
 
 def test_text_bpe_tokenizer(tmp_path):
@@ -327,6 +330,9 @@ def test_examples_over_the_models_limits_are_dropped_or_truncated_and_counted(tm
         assert max(len(example.source_ids) for example in examples) == 4
         assert max(len(example.target_ids) for example in examples) == 3
         assert "abcdefgh" in [example.source for example in examples]  # the text stays whole for the metrics
+        cut = next(example for example in examples if example.source == "abcdefgh")
+        assert cut.source_ids == [*datamodule.tokenizer.encode_source("abc")]  # cut before its eos, which stays
+    assert all(example.source_ids[-1] == datamodule.tokenizer.eos_id for example in examples)
     assert datamodule.source_length <= 4 and datamodule.target_length <= 4
     with pytest.raises(RuntimeError, match="before setup"):
         datamodule.limit_lengths(2, 2)
@@ -339,6 +345,21 @@ def test_a_training_split_left_empty_by_the_length_limits_is_refused_with_what_t
     with pytest.raises(ValueError, match=r"no training example is within the length limits.*source_too_long: 2"
                                          r".*too_long=truncate"):
         datamodule.setup()
+
+
+def test_source_eos_false_leaves_sources_open_in_every_data_module(tmp_path):
+    train = _write(tmp_path / "train.tsv", ["ab\tc", "abc\tcd"])
+    modules = [TextDataModule(train, val_fraction=0.0, test_fraction=0.0, source_eos=False),
+               SyntheticDataModule("copy", 1, 4, train_size=50, val_size=5, test_size=5, source_eos=False),
+               G2PDataModule(max_words=200, source_eos=False)]
+    for datamodule in modules:
+        assert datamodule.tokenizer.source_suffix == []
+        datamodule.setup()
+        assert all(example.source_ids == datamodule.tokenizer.encode_source(example.source)
+                   and datamodule.tokenizer.eos_id not in example.source_ids
+                   for examples in datamodule.datasets.values() for example in examples)
+    with pytest.raises(ValueError, match="source_eos must be true or false"):
+        SyntheticDataModule(source_eos="yes")
 
 
 def test_bad_length_options_are_refused_by_name():

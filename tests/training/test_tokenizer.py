@@ -23,7 +23,8 @@ def test_specials_have_fixed_ids():
 def test_char_round_trip_keeps_spaces_and_accents():
     tokenizer = Seq2SeqTokenizer.train(SENTENCES, TRANSLATIONS, "char", "char")
     for source, target in zip(SENTENCES, TRANSLATIONS, strict=True):
-        assert len(tokenizer.encode_source(source)) == len(source)
+        assert tokenizer.encode_source(source)[-1] == tokenizer.eos_id  # every source closes with eos
+        assert len(tokenizer.encode_source(source)) == len(source) + 1
         assert tokenizer.decode(tokenizer.encode_target(target)) == target
     assert tokenizer.vocab_size == 4 + len(set("".join(SENTENCES + TRANSLATIONS)))
 
@@ -31,10 +32,10 @@ def test_char_round_trip_keeps_spaces_and_accents():
 def test_space_level_target_with_char_source_shares_one_id_space():
     tokenizer = Seq2SeqTokenizer.train(WORDS, PHONEMES, "char", "space")
     for word, phonemes in zip(WORDS, PHONEMES, strict=True):
-        assert len(tokenizer.encode_source(word)) == len(word)
+        assert len(tokenizer.encode_source(word)) == len(word) + 1  # its letters and eos
         assert len(tokenizer.encode_target(phonemes)) == len(phonemes.split())
         assert tokenizer.decode(tokenizer.encode_target(phonemes)) == phonemes
-    source_ids = {i for word in WORDS for i in tokenizer.encode_source(word)}
+    source_ids = {i for word in WORDS for i in tokenizer.encode_source(word)[:-1]}
     target_ids = {i for phonemes in PHONEMES for i in tokenizer.encode_target(phonemes)}
     assert not source_ids & target_ids  # letters and phonemes are different symbols...
     assert max(source_ids | target_ids) < tokenizer.vocab_size  # ...in one id space
@@ -42,7 +43,7 @@ def test_space_level_target_with_char_source_shares_one_id_space():
 
 def test_symbol_on_both_sides_gets_one_id():
     tokenizer = Seq2SeqTokenizer.train(["abc"], ["cde"], "char", "char")
-    assert tokenizer.encode_source("c") == tokenizer.encode_target("c")
+    assert tokenizer.encode_source("c") == [*tokenizer.encode_target("c"), tokenizer.eos_id]
     assert tokenizer.vocab_size == 4 + 5
 
 
@@ -60,9 +61,9 @@ def test_bpe_round_trip(target_level):
 
 def test_joint_bpe_is_trained_on_both_sides():
     tokenizer = Seq2SeqTokenizer.train(["aaaa aaaa"] * 10, ["zzzz zzzz"] * 10, "bpe", "bpe", vocab_size=40)
-    assert len(tokenizer.encode_source("aaaa")) == 1
+    assert len(tokenizer.encode_source("aaaa")) == 1 + 1  # one merged token and eos
     assert len(tokenizer.encode_target("zzzz")) == 1
-    assert tokenizer.encode_source("zzzz") == tokenizer.encode_target("zzzz")
+    assert tokenizer.encode_source("zzzz") == [*tokenizer.encode_target("zzzz"), tokenizer.eos_id]
 
 
 def test_decode_drops_pad_and_bos_and_stops_at_eos():
@@ -119,3 +120,30 @@ def test_save_load_and_json_string_round_trip(tmp_path, levels):
     text = original.to_json_str()
     assert isinstance(json.loads(text), dict)
     _assert_same(Seq2SeqTokenizer.from_json_str(text), original)
+
+
+def test_source_eos_is_saved_with_the_tokenizer_and_can_be_left_off():
+    closed = Seq2SeqTokenizer.train(WORDS, PHONEMES, "char", "space")
+    assert closed.source_suffix == [closed.eos_id]
+    assert closed.encode_source("") == [closed.eos_id]
+    restored = Seq2SeqTokenizer.from_json_str(closed.to_json_str())
+    assert restored.encode_source("hello") == closed.encode_source("hello")  # the rule travels with it
+    assert restored.encode_target("HH AH0") == closed.encode_target("HH AH0")  # targets never get one
+
+    open_ended = Seq2SeqTokenizer.train(WORDS, PHONEMES, "char", "space", source_eos=False)
+    assert open_ended.source_suffix == [] and open_ended.encode_source("") == []
+    assert open_ended.encode_source("hello") == closed.encode_source("hello")[:-1]
+
+
+def test_a_tokenizer_saved_before_source_eos_keeps_encoding_without_it():
+    data = json.loads(Seq2SeqTokenizer.train(WORDS, PHONEMES, "char", "space").to_json_str())
+    data["source"]["post_processor"] = None  # what a tokenizer.json written before source eos holds
+    old = Seq2SeqTokenizer.from_json_str(json.dumps(data))
+    assert old.source_suffix == []
+    assert old.encode_source("hello") == [old.source.token_to_id(letter) for letter in "hello"]
+
+
+def test_the_eos_of_an_unknown_laden_source_is_not_counted_as_unknown():
+    tokenizer = Seq2SeqTokenizer.train(WORDS, PHONEMES, "char", "space")
+    assert tokenizer.encode_source("q") == [tokenizer.unk_id, tokenizer.eos_id]
+    assert tokenizer.unknown_symbols == {"q": 1}
