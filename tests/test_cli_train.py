@@ -177,6 +177,20 @@ def test_a_fit_shorter_than_an_epoch_ends_cleanly_with_a_checkpoint(tmp_path):
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
 
 
+def test_early_stopping_on_a_validation_sequence_metric_stops_the_fit_after_its_patience(tmp_path):
+    # No later validation can beat the first by 100 CER points: with patience 1 the fit stops after its
+    # second validation (epoch 2 of 20, 4 steps each), the checkpoint kept is the first's.
+    hybrid("fit", *TINY, "trainer.max_epochs=20", "callbacks.early_stopping.monitor=val/cer",
+           "callbacks.early_stopping.patience=1", "+callbacks.early_stopping.min_delta=100",
+           "callbacks.model_checkpoint.monitor=val/cer", cwd=tmp_path)
+    (run,) = run_folders(tmp_path)
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == 8 and last["epoch"] == 1
+    stopper = next(state for key, state in last["callbacks"].items() if key.startswith("EarlyStopping"))
+    assert stopper["stopped_epoch"] == 1 and stopper["wait_count"] == 1
+    assert [path.name for path in (run / "checkpoints").glob("epoch*")] == ["epoch000-step4.ckpt"]
+
+
 @pytest.mark.parametrize("damage", ["truncated", "folder"])
 def test_a_damaged_checkpoint_given_to_a_command_is_named_in_its_error(first_run, tmp_path, damage):
     checkpoint = tmp_path / "bad.ckpt"

@@ -46,8 +46,9 @@ def validation_loss(trainer) -> float:
 @pytest.fixture(scope="module")
 def transformer(tmp_path_factory) -> Path:
     """The last.ckpt of a two-layer transformer trained to copy."""
-    trainer = fit(tmp_path_factory.mktemp("transformer"), f"trainer.max_steps={PRETRAIN_STEPS}")
-    return Path(trainer.checkpoint_callback.last_model_path)
+    folder = tmp_path_factory.mktemp("transformer")
+    fit(folder, f"trainer.max_steps={PRETRAIN_STEPS}")
+    return folder / "checkpoints" / "last.ckpt"
 
 
 @pytest.fixture(scope="module")

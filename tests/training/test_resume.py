@@ -34,7 +34,7 @@ CHILD = textwrap.dedent('''
     main(sys.argv[1:])
 ''')
 
-RUN = [*TINY, "model.dropout=0.2", "trainer.max_epochs=3", "callbacks.model_checkpoint.every_n_train_steps=2"]
+RUN = [*TINY, "model.dropout=0.2", "trainer.max_epochs=3", "callbacks.last_checkpoint.every_n_train_steps=2"]
 
 
 def test_a_fit_killed_mid_epoch_resumes_to_the_same_weights_as_an_uninterrupted_one(tmp_path):
