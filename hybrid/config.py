@@ -77,7 +77,9 @@ class ModelConfig:
         unknown = sorted(set(options) - set(MIXERS), key=str)
         if unknown:
             raise ValueError(f"mixer_options: unknown mixers {unknown}; allowed: {sorted(MIXERS)}")
-        # Every option spelled out (defaults included), so a saved config says exactly what was built.
+        # Every option of every mixer the decoder uses spelled out (defaults included), so a saved config
+        # says exactly what was built, and a default changed later cannot change what it rebuilds.
+        options = {name: {} for name in self.decoder_mixers} | options
         return {name: MIXERS[name].Options.from_dict(values, f"mixer_options.{name}").to_dict()
                 for name, values in sorted(options.items())}
 
@@ -128,6 +130,25 @@ class ModelConfig:
         if missing and not partial:  # a default would silently build another shape than the weights were trained in
             raise ValueError(f"ModelConfig fields {missing} are missing; a saved config holds every field")
         return cls(**dict(data))
+
+
+    @classmethod
+    def from_saved(cls, data: dict[str, Any]) -> ModelConfig:
+        """The config of a saved model (``config.json``, a checkpoint's ``model_config``): :meth:`from_dict`,
+        after reading what older versions wrote as the layout they built. A recurrent mixer's options saved
+        before ``output_projection`` existed lack it (today every used mixer's options are spelled out):
+        its equal-width layers had no projection, so it is false there."""
+        if not isinstance(data, dict):
+            return cls.from_dict(data)
+        data = _upgrade(data)
+        mixers = data.get("decoder_mixers")
+        names = [mixers] if isinstance(mixers, str) else list(mixers) if isinstance(mixers, list) else []
+        options = {name: dict(values) for name, values in (data.get("mixer_options") or {}).items()}
+        for name in dict.fromkeys(names):
+            fields = {field.name for field in dataclasses.fields(MIXERS[name].Options)} if name in MIXERS else set()
+            if "output_projection" in fields and "output_projection" not in options.get(name, {}):
+                options.setdefault(name, {})["output_projection"] = False
+        return cls.from_dict({**data, "mixer_options": options})
 
 
 def _upgrade(data: dict[str, Any]) -> dict[str, Any]:

@@ -276,7 +276,7 @@ class Seq2Seq(nn.Module):
                 raise FileNotFoundError(f"{directory} has no {name}; expected a save_pretrained directory")
         config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
         try:
-            config = ModelConfig.from_dict(json.loads(config_path.read_text(encoding="utf-8")))
+            config = ModelConfig.from_saved(json.loads(config_path.read_text(encoding="utf-8")))
         except (ValueError, TypeError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise ValueError(f"{config_path} is not a valid model config: {error}") from error
         model = cls(config)

@@ -75,9 +75,12 @@ def valid_or_one_invalid(draw, valid: dict, invalid: dict, required: frozenset =
 
 
 def mixer_options(options: type) -> st.SearchStrategy:
-    """Some of a mixer's options, each a small positive int (or None where the option allows it)."""
+    """Some of a mixer's options: each a small positive int, a small number for a float option, true or
+    false for a flag (or None where the option allows it)."""
     def values(field: dataclasses.Field) -> st.SearchStrategy:
-        small = st.integers(1, 16)
+        kind = str(field.type)
+        small = (st.booleans() if kind == "bool" else st.floats(-3.0, 3.0) if "float" in kind
+                 else st.integers(1, 16))
         return st.one_of(st.none(), small) if "None" in str(field.type) else small
     return st.fixed_dictionaries({}, optional={field.name: values(field) for field in dataclasses.fields(options)})
 
@@ -104,7 +107,8 @@ INVALID_CONFIG = {
     "d_ff": [0, "64"], "encoder_layers": [0, -2], "decoder_layers": [0, 1.0],
     "decoder_mixers": [None, 5, [["lstm"]], "no-such-mixer", [], ["lstm", 3], ["lstm"] * 3],
     "mixer_options": [{"lstm": {"hidden_size": 0}}, {"lstm": {"hidden_size": 4.0}}, {"lstm": {"width": 3}},
-                      {"t2r": {"feature_size": 0}}, {"ssru": {"chunk_size": None}}, {"aan": {"ffn_size": -1}},
+                      {"t2r": {"feature_size": 0}}, {"lstm": {"forget_bias": "1"}}, {"gru": {"output_projection": 1}},
+                      {"ssru": {"chunk_size": None}}, {"aan": {"ffn_size": -1}},
                       {"no-such-mixer": {}}, {"lstm": 5}, []],
     "dropout": [-0.1, 1.0, math.nan, "x"], "max_positions": [0, 2.0],
     "layer_norm_eps": [-1.0, 0.0, math.nan, math.inf, "x"], "tie_embeddings": ["no", 1],

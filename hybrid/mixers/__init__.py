@@ -11,7 +11,7 @@ from hybrid.mixers.attention import AttentionMixer, KVCache
 from hybrid.mixers.base import Mixer, MixerOptions, MixerState
 from hybrid.mixers.gru import GRUMixer
 from hybrid.mixers.linear import LinearAttentionMixer
-from hybrid.mixers.lstm import LSTMMixer, LSTMState, RecurrentOptions
+from hybrid.mixers.lstm import LSTMMixer, LSTMOptions, LSTMState, RecurrentOptions
 from hybrid.mixers.ssru import SSRUMixer
 from hybrid.mixers.t2r import T2RMixer
 
@@ -26,5 +26,5 @@ MIXERS: dict[str, type[Mixer]] = {
 }
 
 __all__ = ["MIXERS", "Mixer", "MixerOptions", "MixerState", "AttentionMixer", "KVCache", "LSTMMixer", "LSTMState",
-           "RecurrentOptions", "GRUMixer", "SSRUMixer", "AverageAttentionMixer", "LinearAttentionMixer",
+           "RecurrentOptions", "LSTMOptions", "GRUMixer", "SSRUMixer", "AverageAttentionMixer", "LinearAttentionMixer",
            "T2RMixer"]

@@ -20,7 +20,7 @@ class GRUState(MixerState):
 
 
 class GRUMixer(Mixer):
-    """One ``nn.GRU`` layer of width ``options.hidden_size``, projected back to ``d_model`` when they differ.
+    """One ``nn.GRU`` layer of width ``options.hidden_size``, projected back to ``d_model`` (see ``RecurrentOptions``).
 
     Training runs the whole target through one ``nn.GRU`` call. A step applies PyTorch's GRU
     equations (gates r, z, n) to the same weights and writes ``h`` in place:
@@ -33,7 +33,7 @@ class GRUMixer(Mixer):
         super().__init__()
         self.width = options.width(config.d_model)
         self.gru = nn.GRU(config.d_model, self.width, batch_first=True)
-        self.out = nn.Linear(self.width, config.d_model) if self.width != config.d_model else nn.Identity()
+        self.out = options.projection(config.d_model)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -78,7 +78,7 @@ def read_checkpoint(path: str | os.PathLike) -> TrainedModel:
         raise ValueError(f"{path} lacks {missing}: it was not written by hybrid's LitSeq2Seq with a tokenizer")
     weights = {key.removeprefix(_MODEL_PREFIX): value for key, value in checkpoint["state_dict"].items()
                if key.startswith(_MODEL_PREFIX)}
-    return TrainedModel(ModelConfig.from_dict(checkpoint["model_config"]),
+    return TrainedModel(ModelConfig.from_saved(checkpoint["model_config"]),
                         Seq2SeqTokenizer.from_json_str(checkpoint["tokenizer"]),
                         weights, checkpoint.get("global_step", 0))
 

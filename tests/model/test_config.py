@@ -21,7 +21,10 @@ def test_each_mixer_keeps_its_own_options_with_defaults_spelled_out():
     assert ModelConfig(d_model=96, n_heads=3).options_for("lstm").width(96) == 96
     config = ModelConfig(d_model=96, n_heads=3, mixer_options={"lstm": {"hidden_size": 50}, "attention": {}})
     assert config.options_for("lstm").width(96) == 50
-    assert config.mixer_options == {"attention": {}, "lstm": {"hidden_size": 50}}
+    assert config.mixer_options == {"attention": {}, "lstm": {"hidden_size": 50, "output_projection": True,
+                                                              "forget_bias": None}}
+    # A mixer the decoder uses is spelled out even when not given, so a saved config says what was built.
+    assert ModelConfig(decoder_mixers="gru").mixer_options == {"gru": {"hidden_size": None, "output_projection": True}}
     for name in MIXERS:  # every registered mixer's defaults make a valid config
         assert ModelConfig(mixer_options={name: {}}).options_for(name) == MIXERS[name].Options()
 
@@ -80,3 +83,27 @@ def test_from_dict_rejects_missing_fields_rather_than_filling_in_defaults():
         ModelConfig.from_dict(data)
     with pytest.raises(ValueError, match="JSON object"):
         ModelConfig.from_dict(["not", "a", "dict"])
+
+
+@pytest.mark.parametrize("mixer", ["lstm", "gru"])
+def test_a_recurrent_model_saved_before_output_projection_rebuilds_its_layout_and_loads_its_weights(mixer):
+    import torch
+
+    from hybrid import Seq2Seq
+
+    old = ModelConfig(vocab_size=12, d_model=16, n_heads=2, d_ff=32, decoder_mixers=[mixer, "attention", mixer],
+                      mixer_options={mixer: {"output_projection": False}})
+    weights = Seq2Seq(old).state_dict()  # equal width, no projection: the layout before the option
+    saved = old.to_dict()
+    del saved["mixer_options"][mixer]["output_projection"]  # what such a model's config.json holds
+    rebuilt = ModelConfig.from_saved(json.loads(json.dumps(saved)))
+    assert rebuilt.options_for(mixer).output_projection is False
+    model = Seq2Seq(rebuilt)
+    model.load_state_dict(weights, strict=True)
+    assert isinstance(model.decoder_layers[0].mixer.out, torch.nn.Identity)
+    # A config saved today spells the option out, and from_saved leaves it as it was.
+    assert ModelConfig.from_saved(ModelConfig(decoder_mixers=mixer).to_dict()).options_for(mixer).output_projection
+    # An equal-width layer built today has its projection, initialised small like attention's.
+    layer = Seq2Seq(ModelConfig(vocab_size=12, d_model=16, n_heads=2, d_ff=32, decoder_mixers=mixer))
+    assert isinstance(layer.decoder_layers[0].mixer.out, torch.nn.Linear)
+    assert layer.decoder_layers[0].mixer.out.weight.std() < 0.05

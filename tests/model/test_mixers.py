@@ -64,6 +64,22 @@ def test_aan_is_the_cumulative_average_and_its_gating_layer_over_positioned_inpu
     assert not torch.allclose(mixer(x.flip(1))[:, -1], mixer(x)[:, -1], atol=1e-3)  # the order counts
 
 
+def test_lstm_forget_bias_sets_the_forget_gates_summed_bias_and_none_keeps_pytorchs_init():
+    biased, default = _mixer("lstm", forget_bias=1.0), _mixer("lstm")
+    summed = biased.lstm.bias_ih_l0 + biased.lstm.bias_hh_l0  # what the gate adds: (4H,), i, f, g, o
+    assert torch.equal(summed[16:32], torch.ones(16))
+    for name in ("bias_ih_l0", "bias_hh_l0"):  # the other gates keep PyTorch's init, seed for seed
+        assert torch.equal(getattr(biased.lstm, name)[:16], getattr(default.lstm, name)[:16])
+        assert torch.equal(getattr(biased.lstm, name)[32:], getattr(default.lstm, name)[32:])
+    assert not torch.allclose((default.lstm.bias_ih_l0 + default.lstm.bias_hh_l0)[16:32], torch.ones(16))
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():  # the fused step sees the same bias
+        state = biased.allocate_state(2, 5, x.device, x.dtype)
+        # clone: with no projection the step returns its state's hidden, which the next step overwrites
+        stepped = torch.stack([biased.step(x[:, t], state, t).clone() for t in range(5)], dim=1)
+        assert torch.allclose(stepped, biased(x), atol=1e-5)
+
+
 def test_gru_steps_are_pytorchs_gru():
     mixer = _mixer("gru", hidden_size=12)
     x = torch.randn(3, 9, 16)
@@ -77,9 +93,13 @@ def test_gru_steps_are_pytorchs_gru():
     ("ssru", {"chunk_size": 0}, "mixer_options.ssru.chunk_size must be a positive int"),
     ("aan", {"ffn_size": 2.5}, "mixer_options.aan.ffn_size must be a positive int or None"),
     ("gru", {"hidden_size": -1}, "mixer_options.gru.hidden_size"),
-    ("gru", {"chunk_size": 4}, r"mixer_options.gru: unknown options \['chunk_size'\]; allowed: \['hidden_size'\]"),
+    ("gru", {"chunk_size": 4},
+     r"mixer_options.gru: unknown options \['chunk_size'\]; allowed: \['hidden_size', 'output_projection'\]"),
+    ("lstm", {"output_projection": "yes"}, "mixer_options.lstm.output_projection must be true or false"),
     ("t2r", {"feature_size": 0}, "mixer_options.t2r.feature_size must be a positive int"),
     ("linear", {"chunk_size": "8"}, "mixer_options.linear.chunk_size must be a positive int"),
+    ("lstm", {"forget_bias": "1"}, "mixer_options.lstm.forget_bias must be a number or None"),
+    ("lstm", {"forget_bias": float("nan")}, "mixer_options.lstm.forget_bias must be a number or None"),
 ])
 def test_a_mixers_own_options_are_checked_by_it_and_named(name, options, message):
     with pytest.raises(ValueError, match=message):
