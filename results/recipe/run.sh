@@ -7,7 +7,7 @@
 #         parameter-matched LSTM, the attention decoder at both learning rates, and sources with and
 #         without eos.
 #   copy/: copying 1-16 letters (configs/experiment/copy_*.yaml) at a fixed step budget, with and
-#         without eos on the sources, for both decoders.
+#         without eos on the sources, for both decoders (seed 0; COPY_SEEDS=0,1,2 for more).
 # Run from the repository root: bash results/recipe/run.sh   (RUNS=<folder> puts the runs elsewhere;
 # ONLY=g2p or ONLY=copy runs one part). Two arms at a time, one thread each (the 2-core machine).
 set -euo pipefail
@@ -67,6 +67,7 @@ if [[ -z "${ONLY:-}" || $ONLY == g2p ]]; then
     hybrid ablate "runs=$runs/g2p" output_dir=results/recipe/g2p
 fi
 if [[ -z "${ONLY:-}" || $ONLY == copy ]]; then
+    seeds=${COPY_SEEDS:-0}  # the committed copy runs are seed 0
     run_arms copy copy_budget copy_arms
     hybrid ablate "runs=$runs/copy" output_dir=results/recipe/copy
 fi

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The G2P ablation grid at a budget where the curves have flattened (issue 15): d_model 128 (3-3
+# layers), STEPS (default 2000) steps of 64 words, about 10 minutes per run on one thread of the
+# 2-core CPU, every arm on the same 20k-word subset and the same 1k test words. The experiments are the
+# grid's own (configs/experiment/ablate_g2p_*.yaml); this script only raises their budget.
+#   Seeds 0, 1, 2: all attention, all LSTM, the parameter-matched LSTM (width 71, as
+#   hybrid.bench.contenders.parameter_matched_lstm_width solves it at d_model 128), alternating, and
+#   convert-then-fine-tune (each seed's transformer, converted to all-LSTM, fine-tuned for 20% of its
+#   steps) against the all-LSTM decoder from scratch at equal total steps.
+#   Seed 0: 6-1 against 3-3, attention first, attention last, and every other registered mixer.
+# Then `hybrid ablate` pools the seeds (mean ± std, significance) into results/ablations-converged/.
+# Run from the repository root: bash results/ablations-converged/run.sh   (RUNS=<folder> puts the runs
+# elsewhere, JOBS=<n> runs n at a time, STEPS=<n> sets the budget). About 4 hours of CPU in all.
+set -euo pipefail
+export OMP_NUM_THREADS=1
+runs=${RUNS:-outputs/ablations-converged}
+jobs=${JOBS:-2}
+steps=${STEPS:-2000}
+fine_tune=$((steps / 5))
+budget="model.d_model=128 model.d_ff=512 model.dropout=0.1 trainer.max_steps=$steps"
+budget+=" trainer.val_check_interval=$((steps / 10)) module.warmup_steps=$((steps / 10))"
+mkdir -p "$runs"
+
+fit() {  # fit <name> <seed> <overrides...>: one run in $runs/<name>/seed<seed>, logged beside it
+    local name=$1 seed=$2
+    shift 2
+    echo "hybrid fit $budget seed=$seed name=$name hydra.run.dir=$runs/$name/seed$seed $* > $runs/$name.seed$seed.log 2>&1"
+}
+others=$(python -c "from hybrid import MIXERS; print(' '.join(n for n in MIXERS if n not in ('attention', 'lstm')))")
+
+{   # Phase 1: every arm trained from scratch.
+    for seed in 0 1 2; do
+        fit ablate_g2p_attention "$seed" experiment=ablate_g2p_attention
+        fit ablate_g2p_lstm "$seed" experiment=ablate_g2p_lstm
+        fit ablate_g2p_param_matched "$seed" experiment=ablate_g2p_param_matched model.mixer_options.lstm.hidden_size=71
+        fit ablate_g2p_alternating "$seed" experiment=ablate_g2p_alternating
+        fit ablate_g2p_lstm_equal_total "$seed" experiment=ablate_g2p_lstm_equal_total \
+            "trainer.max_steps=$((steps + fine_tune))"
+    done
+    fit ablate_g2p_deep_encoder 0 experiment=ablate_g2p_deep_encoder
+    fit ablate_g2p_attention_first 0 experiment=ablate_g2p_attention_first
+    fit ablate_g2p_attention_last 0 experiment=ablate_g2p_attention_last
+    for mixer in $others; do
+        fit "ablate_g2p_$mixer" 0 experiment=ablate_g2p_lstm "model.decoder_mixers=$mixer"
+    done
+} | xargs -P "$jobs" -I{} bash -c {}
+
+# Phase 2: each seed's transformer converted to all-LSTM and fine-tuned for 20% of its steps.
+for seed in 0 1 2; do
+    converted=$runs/ablate_g2p_attention/seed$seed.lstm.ckpt
+    echo "hybrid convert ckpt_path=$runs/ablate_g2p_attention/seed$seed/checkpoints/last.ckpt pattern=lstm" \
+         "output=$converted > $runs/convert.seed$seed.log 2>&1 &&" \
+         "$(fit ablate_g2p_convert "$seed" experiment=ablate_g2p_convert "init_from=$converted" \
+            "trainer.max_steps=$fine_tune" "callbacks.freeze_copied_weights.steps=$((fine_tune / 4))" \
+            "module.warmup_steps=$((fine_tune / 10))" "trainer.val_check_interval=$((fine_tune / 5))" \
+            | sed 's/> \(.*\)$/>> \1/')"
+done | xargs -P "$jobs" -I{} bash -c {}
+
+hybrid ablate "runs=$runs" output_dir=results/ablations-converged
