@@ -54,7 +54,9 @@ def test_refill_decodes_every_source_as_if_alone(mixers, bucketed, interval):
 
 @pytest.mark.parametrize("options", [
     dict(pad_token_id=5), dict(min_new_tokens=6), dict(eos_token_id=[2, 7]), dict(bad_words_ids=[[5], [9]]),
-    dict(stopping_criteria=[EosTokenCriteria(8)]), dict(logits_processor=[SuppressTokensLogitsProcessor([4, 6])]),
+    # A user's SuppressTokensLogitsProcessor replaces the built-in one that bans padding and BOS (transformers'
+    # rule), so it names them too: a generated padding id could not be told from padding in generate's output.
+    dict(stopping_criteria=[EosTokenCriteria(8)]), dict(logits_processor=[SuppressTokensLogitsProcessor([0, 1, 4, 6])]),
 ], ids=["pad_token_id", "min_new_tokens", "eos_ids", "one-token-bad-words", "eos-criterion", "suppress"])
 def test_refill_honours_every_rule_that_says_it_can(options):
     # Each of these rules declares supports_continuous_batching; refill must then give generate's answer.
@@ -63,9 +65,9 @@ def test_refill_honours_every_rule_that_says_it_can(options):
     results = dict(RefillDecoder(model, slots=3, max_new_tokens=12, **options).run([sources]))
     for source in sources:
         alone = model.generate(torch.tensor([source.ids]), max_new_tokens=12, **options)[0]
-        pad = options.get("pad_token_id", model.config.pad_id)
+        # One row alone is never padded: it ends at its EOS, or runs to the limit or a criterion.
         ends = [i for i, token in enumerate(alone.tolist()) if token in options.get("eos_token_id", [2])]
-        expected = alone[:ends[0] + 1] if ends else alone[alone != pad]
+        expected = alone[:ends[0] + 1] if ends else alone
         assert results[source.index] == expected.tolist(), source.index
 
 
