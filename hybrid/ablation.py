@@ -102,7 +102,8 @@ def find_runs(paths: Iterable[str | Path]) -> list[Path]:
             run = checkpoint.parent.parent
             if not (run / ".hydra" / "config.yaml").is_file():
                 continue
-            key = _run_key(_run_name(run), _composed(run).get("seed"))
+            cfg = _composed(run)
+            key = _run_key(_run_name(run, cfg), cfg.get("seed"))
             if key not in newest or checkpoint.stat().st_mtime > _last(newest[key]).stat().st_mtime:
                 newest[key] = run
     return [newest[key] for key in sorted(newest)]
@@ -122,8 +123,8 @@ def _composed(run: Path) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.load(run / ".hydra" / "config.yaml"), resolve=False)
 
 
-def _run_name(run: Path) -> str:
-    name = str(_composed(run).get("name", ""))
+def _run_name(run: Path, cfg: dict[str, Any]) -> str:
+    name = str(cfg.get("name", ""))
     return name if name and "${" not in name else run.name
 
 
@@ -163,7 +164,7 @@ def describe_run(run: Path) -> tuple[dict[str, Any], Seq2Seq]:
     task = "g2p" if str(data.get("_target_", "")).endswith("G2PDataModule") else str(data.get("task", "text"))
     converted_from = config.extra.get("converted_from")
     row: dict[str, Any] = {
-        "task": task, "run": _run_name(run), "decoder": pattern_label(config.decoder_mixers),
+        "task": task, "run": _run_name(run, cfg), "decoder": pattern_label(config.decoder_mixers),
         "layers": f"{config.encoder_layers}-{config.decoder_layers}",
         "mixer_options": changed_options(config),
         "init": f"converted from {pattern_label(converted_from)}" if converted_from else "scratch",
@@ -509,15 +510,16 @@ def write_results(rows: Sequence[dict[str, Any]], directory: str | Path, note: s
     grouped = group_seeds(rows)
     write_atomically(directory / "ablations.csv", _csv_text(rows))
     write_atomically(directory / "ablations_grouped.csv", _csv_text(grouped))
+    # targets, conversions and the plot pool the seeds themselves; grouped rows pass through group_seeds.
     checks = "".join(f"- {check['task']}: {check['target']} ({check['needed']}): {check['measured']}, "
-                     f"{VERDICTS[check['met']]}\n" for check in targets(rows))
+                     f"{VERDICTS[check['met']]}\n" for check in targets(grouped))
     pooled = ("One row per configuration: each measurement is the mean ± sample standard deviation over its "
               "`seeds` runs (the mean alone for one seed).\n\n")
     every_run = ("\nEvery run, one row per seed:\n\n" + markdown_table(rows)
                  if any(group["seeds"] > 1 for group in grouped) else "")
     write_atomically(directory / "ablations.md", (note + "\n\n" if note else "") + pooled + markdown_table(grouped)
-                     + conversions(rows) + ("\nTargets:\n\n" + checks if checks else "") + every_run)
-    figure = pareto_figure(rows)
+                     + conversions(grouped) + ("\nTargets:\n\n" + checks if checks else "") + every_run)
+    figure = pareto_figure(grouped)
     write_atomically(directory / "pareto.png", functools.partial(figure.savefig, dpi=120))
     return [directory / name for name in ("ablations.csv", "ablations_grouped.csv", "ablations.md", "pareto.png")]
 

@@ -131,23 +131,20 @@ class ModelConfig:
             raise ValueError(f"ModelConfig fields {missing} are missing; a saved config holds every field")
         return cls(**dict(data))
 
-
     @classmethod
     def from_saved(cls, data: dict[str, Any]) -> ModelConfig:
         """The config of a saved model (``config.json``, a checkpoint's ``model_config``): :meth:`from_dict`,
-        after reading what older versions wrote as the layout they built. A recurrent mixer's options saved
-        before ``output_projection`` existed lack it (today every used mixer's options are spelled out):
-        its equal-width layers had no projection, so it is false there."""
+        after each used mixer's options are read as the layout they built (``MixerOptions.from_saved``):
+        today every used mixer's options are spelled out, so an option missing from a saved config is one
+        that did not exist when it was written."""
         if not isinstance(data, dict):
             return cls.from_dict(data)
         data = _upgrade(data)
         mixers = data.get("decoder_mixers")
         names = [mixers] if isinstance(mixers, str) else list(mixers) if isinstance(mixers, list) else []
-        options = {name: dict(values) for name, values in (data.get("mixer_options") or {}).items()}
-        for name in dict.fromkeys(names):
-            fields = {field.name for field in dataclasses.fields(MIXERS[name].Options)} if name in MIXERS else set()
-            if "output_projection" in fields and "output_projection" not in options.get(name, {}):
-                options.setdefault(name, {})["output_projection"] = False
+        options = dict(data.get("mixer_options") or {})
+        for name in dict.fromkeys(name for name in names if name in MIXERS):
+            options[name] = MIXERS[name].Options.from_saved(options.get(name, {}))
         return cls.from_dict({**data, "mixer_options": options})
 
 

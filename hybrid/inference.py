@@ -351,7 +351,7 @@ def decode_shard(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, texts: list[str | 
         ids = tokenizer.encode_source(text)
         if len(ids) > limit:
             rejects[index] = f"the source has {len(ids)} tokens; the model's max_positions is {limit}"
-        elif len(ids) > len(tokenizer.source_suffix):  # a source with nothing but its eos stays empty
+        elif not tokenizer.is_blank_source(ids):
             sources.append(Source(index, ids))
     if not sources:
         return lines, rejects

@@ -50,8 +50,7 @@ def tiny_model(decoder_mixers, seed: int = 0, **overrides) -> Seq2Seq:
 def decode_alone(model: Seq2Seq, tokenizer, text: str, **options) -> str:
     """The model's output for ``text`` decoded on its own (batch 1, no padding): what batched decoding must match."""
     ids = tokenizer.encode_source(text)
-    return (tokenizer.decode(model.generate(torch.tensor([ids]), **options)[0])
-            if len(ids) > len(tokenizer.source_suffix) else "")
+    return "" if tokenizer.is_blank_source(ids) else tokenizer.decode(model.generate(torch.tensor([ids]), **options)[0])
 
 
 def padded_batch(lengths: list[int], vocab: int = VOCAB, pad_id: int = 0, seed: int = 0) -> torch.Tensor:

@@ -22,14 +22,14 @@ class LSTMState(MixerState):
 @dataclasses.dataclass(frozen=True)
 class RecurrentOptions(MixerOptions):
     """``hidden_size``: a recurrent mixer's width; None means ``d_model``. An LSTM layer holds about
-    8h^2 parameters against 4d^2 for self-attention, so h ~ 0.6 d_model matches the attention decoder's
-    parameter count (a GRU: 6h^2).
+    8h^2 parameters (and h d for its projection) against 4d^2 for self-attention, so h ~ 0.55 d_model
+    matches the attention decoder's parameter count (a GRU: 6h^2 + h d).
 
     ``output_projection``: a linear map from the width back to ``d_model`` even when they are equal,
     initialised small like every other residual branch's last matrix (attention's output projection).
     Without it the recurrent output (each entry of h up to +-1) enters the residual stream at full scale
     from the first step: on G2P at equal width training was unstable across seeds (PER 0.311 +- 0.060
-    over 3 seeds without, 0.247 +- 0.003 with; results/recipe/). False projects only where the width
+    over 3 seeds without, 0.254 +- 0.011 with; results/recipe/g2p/). False projects only where the width
     differs, the layout of models saved before the option existed (``ModelConfig.from_saved``)."""
 
     hidden_size: int | None = None
@@ -39,6 +39,11 @@ class RecurrentOptions(MixerOptions):
         require_positive_int("hidden_size", self.hidden_size, optional=True)
         if not isinstance(self.output_projection, bool):
             raise ValueError(f"output_projection must be true or false, got {self.output_projection!r}")
+
+    @classmethod
+    def from_saved(cls, data: object) -> object:
+        # Saved before output_projection existed: an equal-width layer had none.
+        return {"output_projection": False, **data} if isinstance(data, dict) else data
 
     def width(self, d_model: int) -> int:
         return self.hidden_size or d_model

@@ -103,6 +103,9 @@ class Seq2SeqTokenizer:
         self.source_level = source_level
         self.target_level = target_level
         self.unknown_symbols: Counter[str] = Counter()
+        # The ids `encode_source` closes every source with: `[eos]`, or `[]` for a tokenizer trained
+        # without `source_eos` (before it existed). Length limits and truncation keep it.
+        self.source_suffix: list[int] = source.encode("", add_special_tokens=True).ids
 
     @classmethod
     def train(
@@ -167,11 +170,9 @@ class Seq2SeqTokenizer:
     def unk_id(self) -> int:
         return UNK_ID
 
-    @property
-    def source_suffix(self) -> list[int]:
-        """The ids `encode_source` closes every source with: `[eos]`, or `[]` for a tokenizer trained
-        without `source_eos` (before it existed). Length limits and truncation keep it."""
-        return self.source.encode("", add_special_tokens=True).ids
+    def is_blank_source(self, ids: Sequence[int]) -> bool:
+        """Whether `encode_source` ids hold nothing but `source_suffix`: a blank line, which gets an empty output."""
+        return len(ids) <= len(self.source_suffix)
 
     def _encode(self, tokenizer: Tokenizer, text: str) -> list[int]:
         encoding = tokenizer.encode(text)  # with the side's post-processor: the source's eos, if any

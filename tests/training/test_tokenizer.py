@@ -133,6 +133,9 @@ def test_source_eos_is_saved_with_the_tokenizer_and_can_be_left_off():
     open_ended = Seq2SeqTokenizer.train(WORDS, PHONEMES, "char", "space", source_eos=False)
     assert open_ended.source_suffix == [] and open_ended.encode_source("") == []
     assert open_ended.encode_source("hello") == closed.encode_source("hello")[:-1]
+    for tokenizer in (closed, open_ended):  # a blank line is blank with or without its eos
+        assert tokenizer.is_blank_source(tokenizer.encode_source(""))
+        assert not tokenizer.is_blank_source(tokenizer.encode_source("h"))
 
 
 def test_a_tokenizer_saved_before_source_eos_keeps_encoding_without_it():
