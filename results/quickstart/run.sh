@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Reproduces this folder: the README's main job (`hybrid fit experiment=quickstart`: train, test on the
+# 1,500 held-out words of its 30k-word subset, print examples), its console output in output.txt and its
+# logged metrics in metrics.csv. Run from the repository root, in the environment the README's first
+# command makes: bash results/quickstart/run.sh
+set -euo pipefail
+out=results/quickstart
+hybrid fit experiment=quickstart hydra.run.dir=outputs/quickstart/results-run > "$out/output.txt"
+cp outputs/quickstart/results-run/csv/metrics.csv "$out/metrics.csv"
