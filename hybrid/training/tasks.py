@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 SEQUENCE_SYMBOLS = string.ascii_lowercase + string.ascii_uppercase  # 52 symbols; sorted() orders "A" < "a"
 RECALL_SEPARATOR = "|"  # ends the sequence, in the source and in the target
+RECALL_KEYS = string.digits  # one token per position, so that a key is one content match
 QUERY_SEPARATOR = ","  # between the query positions of the recall task
 
 
@@ -26,14 +27,16 @@ class SyntheticTask:
         The source is `min_length..max_length` symbols drawn from the first `num_symbols` letters.
       - `addition`: source "123+4567", target "4690". Each operand has `min_length..max_length`
         digits (no leading zero), so `num_symbols` is unused.
-      - `recall`: source = a sequence `a` of n = `min_length..max_length` letters, "|", then
-        `num_queries` 0-based positions in 0..n-1 written in decimal and separated by ",";
-        target = `sorted(a)`, "|", then the symbol found at each queried position *of sorted(a)*,
-        e.g. "dbca|3,0" -> "abcd|da". Everything is determined by the source. The answers are
-        tokens the decoder itself wrote up to n + num_queries steps earlier, and because sorting
-        moves them, cross-attention cannot find them at the queried position of the source: a
-        decoder without self-attention must have kept its own output in its recurrent state.
-        Raise `max_length` and `num_queries` to make that span longer.
+      - `recall`: multi-query associative recall (Zoology's MQAR) over the decoder's own output.
+        Source: a sequence `a` of n = `min_length..max_length` letters (n <= 10), "|", then
+        `num_queries` 0-based positions in 0..n-1 separated by ",". Target: `sorted(a)` with each
+        letter keyed by its position ("0a1b2c3d"), "|", then each queried key followed by its
+        value: "dbca|3,0" -> "0a1b2c3d|3d0a". The key-value table exists only in the decoder's own
+        output: reading a value back is one content lookup for self-attention (find the key, copy
+        the token after it), while from the source it is the p-th smallest letter, which
+        cross-attention cannot look up. A constant-state decoder has to keep the whole table in
+        its state, so raising `max_length` grows what it must hold. Keys are single digits, hence
+        n <= 10.
     """
 
     name: str
@@ -51,6 +54,9 @@ class SyntheticTask:
             raise ValueError(f"num_symbols must be in 1..{len(SEQUENCE_SYMBOLS)}, got {self.num_symbols}")
         if self.num_queries < 1:
             raise ValueError(f"num_queries must be positive, got {self.num_queries}")
+        if self.name == "recall" and self.max_length > len(RECALL_KEYS):
+            raise ValueError(f"recall keys are the single digits, so max_length must be at most "
+                             f"{len(RECALL_KEYS)}, got {self.max_length}")
 
     @property
     def alphabet(self) -> str:
@@ -59,7 +65,7 @@ class SyntheticTask:
             return string.digits + "+"
         letters = SEQUENCE_SYMBOLS[: self.num_symbols]
         if self.name == "recall":
-            return letters + RECALL_SEPARATOR + QUERY_SEPARATOR + string.digits
+            return letters + RECALL_SEPARATOR + QUERY_SEPARATOR + RECALL_KEYS
         return letters
 
     def sample(self, rng: random.Random) -> tuple[str, str]:
@@ -100,9 +106,10 @@ def _recall(task: SyntheticTask, rng: random.Random) -> tuple[str, str]:
     sequence = _random_letters(task, rng)
     ordered = "".join(sorted(sequence))
     positions = [rng.randrange(len(sequence)) for _ in range(task.num_queries)]
-    source = sequence + RECALL_SEPARATOR + QUERY_SEPARATOR.join(map(str, positions))
-    target = ordered + RECALL_SEPARATOR + "".join(ordered[position] for position in positions)
-    return source, target
+    source = sequence + RECALL_SEPARATOR + QUERY_SEPARATOR.join(RECALL_KEYS[p] for p in positions)
+    table = "".join(RECALL_KEYS[p] + letter for p, letter in enumerate(ordered))
+    answers = "".join(RECALL_KEYS[p] + ordered[p] for p in positions)
+    return source, table + RECALL_SEPARATOR + answers
 
 
 _GENERATORS: dict[str, Callable[[SyntheticTask, random.Random], tuple[str, str]]] = {

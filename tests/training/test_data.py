@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hybrid.training.data import G2PDataModule, SyntheticDataModule, TextDataModule
-from hybrid.training.tasks import TASK_NAMES
+from hybrid.training.tasks import TASK_NAMES, SyntheticTask
 
 # ---------------------------------------------------------------- batches
 
@@ -65,7 +65,8 @@ def _expected_target(task, source, min_length, max_length, num_queries):
         positions = [int(q) for q in queries.split(",")]
         assert len(positions) == num_queries and all(0 <= p < len(sequence) for p in positions)
         ordered = "".join(sorted(sequence))
-        expected = ordered + "|" + "".join(ordered[p] for p in positions)
+        table = "".join(f"{p}{letter}" for p, letter in enumerate(ordered))
+        expected = table + "|" + "".join(f"{p}{ordered[p]}" for p in positions)
     else:
         sequence = source
         expected = {"copy": source, "reverse": source[::-1], "sort": "".join(sorted(source))}[task]
@@ -75,15 +76,38 @@ def _expected_target(task, source, min_length, max_length, num_queries):
 
 @pytest.mark.parametrize("task", TASK_NAMES)
 def test_synthetic_targets_follow_the_task_definition(task):
+    max_length = 10 if task == "recall" else 13  # recall's keys are single digits
     datamodule = SyntheticDataModule(
-        task, 2, 13, num_symbols=12, num_queries=5, train_size=300, batch_size=16
+        task, 2, max_length, num_symbols=12, num_queries=5, train_size=300, batch_size=16
     )
     for split, pairs in datamodule.pairs.items():
         assert len(pairs) == datamodule.sizes[split]
         for source, target in pairs:
-            assert target == _expected_target(task, source, 2, 13, 5)
+            assert target == _expected_target(task, source, 2, max_length, 5)
     assert datamodule.tokenizer.unknown_symbols == {}
     _check_batch(_first_batches(datamodule, 1)[0], datamodule.tokenizer)
+
+
+def test_recall_keys_the_sorted_table_and_asks_for_values_by_key():
+    class Draws:  # the generator's only randomness: the letters, then the queried positions
+        positions = iter([3, 0])
+
+        def randint(self, low, high):
+            return 4
+
+        def choices(self, letters, k):
+            return list("dbca")
+
+        def randrange(self, n):
+            return next(self.positions)
+
+    task = SyntheticTask("recall", num_queries=2, max_length=10)
+    assert task.sample(Draws()) == ("dbca|3,0", "0a1b2c3d|3d0a")
+
+
+def test_recall_rejects_sequences_longer_than_its_keys():
+    with pytest.raises(ValueError, match="max_length must be at most 10, got 11"):
+        SyntheticTask("recall", max_length=11)
 
 
 def test_synthetic_symbols_are_the_first_num_symbols_letters():
@@ -93,7 +117,7 @@ def test_synthetic_symbols_are_the_first_num_symbols_letters():
 
 
 def test_synthetic_vocab_is_known_before_any_data_is_made():
-    datamodule = SyntheticDataModule("recall", num_symbols=20)
+    datamodule = SyntheticDataModule("recall", max_length=10, num_symbols=20)
     assert datamodule.vocab_size == 4 + 20 + 2 + 10  # specials, letters, "|" and ",", digits
     assert datamodule.datasets == {} and "pairs" not in vars(datamodule)
 
