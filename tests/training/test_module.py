@@ -15,6 +15,7 @@ from hybrid.training.module import (
     SEQUENCE_METRICS,
     ExactMatch,
     SequenceErrorRate,
+    closest_reference,
     default_sequence_metrics,
     lr_multiplier,
 )
@@ -97,6 +98,30 @@ def test_phoneme_error_rate_counts_phoneme_edits():
     per = SEQUENCE_METRICS["per"]()
     per.update(["HH EH0 L OW1", "K AE1 T"], ["HH AH0 L OW1", "K AE1 T"])  # one substitution in seven phonemes
     assert per.compute().item() == pytest.approx(1 / 7)
+
+
+def test_the_closest_reference_is_the_fewest_token_edits_away_and_the_first_on_a_tie():
+    either = ["T AH M EY T OW", "T AH M AA T OW"]  # "tomato": two valid pronunciations
+    assert closest_reference("T AH M AA T OW", either) == either[1]
+    assert closest_reference("T AH M AA T", either) == either[1]  # one deletion against two edits
+    assert closest_reference("T AH M IY T OW", either) == either[0]  # one substitution from each
+    assert closest_reference("", ["A B", "C"]) == "C"
+    assert closest_reference("A B C", ["X"]) == "X"
+
+
+def test_a_prediction_matching_any_reference_is_no_error():
+    datamodule = G2PDataModule(max_words=64, stress=False)
+    datamodule.setup()
+    module = LitSeq2Seq(dict(TINY_MODEL, vocab_size=datamodule.vocab_size), tokenizer=datamodule.tokenizer,
+                        metrics=["exact_match", "per", "wer"]).eval()
+    batch = collate(datamodule.datasets["test"][:3])
+    predictions = module.tokenizer.batch_decode(module.decode(batch["src_ids"], batch["src_mask"]))
+    batch["tgt_references"] = [[target, prediction] for target, prediction in zip(batch["tgt_text"], predictions)]
+    with torch.no_grad(), pytest.warns(UserWarning, match="self.log"):
+        module._score_decoding(batch, 0, "test")
+    assert module.sequence_metrics["test_exact_match"].compute().item() == 1.0
+    assert module.sequence_metrics["test_per"].compute().item() == 0.0
+    assert module.sequence_metrics["test_wer"].compute().item() == 0.0
 
 
 def test_each_task_gets_its_own_metrics(tmp_path):
