@@ -543,16 +543,25 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
 
 
 def ablate(runs: Sequence[str | Path], output_dir: str | Path, *, batch_size: int, new_tokens: int,
-           source_length: int, repeats: int, threads: int) -> list[Path]:
+           source_length: int, repeats: int, threads: int, include: Sequence[str | Path] = ()) -> list[Path]:
     """Collect the runs under ``runs`` (see :func:`collect`, whose decoding-speed settings the keywords are,
-    timed on ``threads`` torch threads), write the tables and the plot into ``output_dir`` (see
-    :func:`write_results`), print the configurations' table."""
+    timed on ``threads`` torch threads), add the rows of the ``ablations.csv`` files in ``include`` (runs
+    collected earlier, whose folders are gone; a run collected now replaces an included row of the same
+    name and seed), write the tables and the plot into ``output_dir`` (see :func:`write_results`), print
+    the configurations' table."""
     torch.set_num_threads(threads)
     rows = collect(runs, batch=batch_size, new_tokens=new_tokens, source_length=source_length, repeats=repeats)
+    collected = {_run_key(row["run"], row["seed"]) for row in rows}
+    included = [row for path in include for row in read_results(path)
+                if _run_key(row["run"], row["seed"]) not in collected]
     note = (f"Decoding: greedy, batch {batch_size}, {new_tokens} new tokens, source length "
             f"{source_length}, median of {repeats} repeats, CPU ({platform.processor() or platform.machine()}"
             f"), {torch.get_num_threads()} threads, torch {torch.__version__}, "
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}.")
+    if included:
+        note += (f" {len(included)} of the runs were collected earlier and read from "
+                 f"{', '.join(map(str, include))}, their speed as timed then.")
+    rows = sorted(rows + included, key=lambda row: (row["task"], row["run"], row["seed"] or 0))
     paths = write_results(rows, output_dir, note)
     print(markdown_table(group_seeds(rows)))
     print("wrote " + ", ".join(map(str, paths)))

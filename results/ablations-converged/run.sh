@@ -10,7 +10,12 @@
 #   Seed 0: 6-1 against 3-3, attention first, attention last, and every other registered mixer.
 # Then `hybrid ablate` pools the seeds (mean ± std, significance) into results/ablations-converged/.
 # Run from the repository root: bash results/ablations-converged/run.sh   (RUNS=<folder> puts the runs
-# elsewhere, JOBS=<n> runs n at a time, STEPS=<n> sets the budget). About 4 hours of CPU in all.
+# elsewhere, JOBS=<n> runs n at a time, STEPS=<n> sets the budget). About 4 hours of CPU in all, so it
+# can run in parts: PART=seeded (the 3-seed arms and the conversions) or PART=single (the one-seed arms);
+# a run whose test metrics are already written is skipped, so a stopped script picks up where it was.
+# INCLUDE=<ablations.csv> adds the rows of runs collected before whose folders are gone. The committed
+# table was made in two sessions: PART=seeded, then, its run folders gone,
+#   PART=single INCLUDE=results/ablations-converged/ablations.csv bash results/ablations-converged/run.sh
 set -euo pipefail
 export OMP_NUM_THREADS=1
 runs=${RUNS:-outputs/ablations-converged}
@@ -21,39 +26,45 @@ budget="model.d_model=128 model.d_ff=512 model.dropout=0.1 trainer.max_steps=$st
 budget+=" trainer.val_check_interval=$((steps / 10)) module.warmup_steps=$((steps / 10))"
 mkdir -p "$runs"
 
+part=${PART:-all}
 fit() {  # fit <name> <seed> <overrides...>: one run in $runs/<name>/seed<seed>, logged beside it
     local name=$1 seed=$2
     shift 2
     echo "hybrid fit $budget seed=$seed name=$name hydra.run.dir=$runs/$name/seed$seed $* > $runs/$name.seed$seed.log 2>&1"
 }
+unless_done() {  # unless_done <name> <seed> <command>: skip a run whose test metrics are written
+    echo "grep -qs test/ $runs/$1/seed$2/csv/metrics.csv || { $3; }"
+}
+skip() { unless_done "$1" "$2" "$(fit "$@")"; }
 others=$(python -c "from hybrid import MIXERS; print(' '.join(n for n in MIXERS if n not in ('attention', 'lstm')))")
 
 {   # Phase 1: every arm trained from scratch.
-    for seed in 0 1 2; do
-        fit ablate_g2p_attention "$seed" experiment=ablate_g2p_attention
-        fit ablate_g2p_lstm "$seed" experiment=ablate_g2p_lstm
-        fit ablate_g2p_param_matched "$seed" experiment=ablate_g2p_param_matched model.mixer_options.lstm.hidden_size=71
-        fit ablate_g2p_alternating "$seed" experiment=ablate_g2p_alternating
-        fit ablate_g2p_lstm_equal_total "$seed" experiment=ablate_g2p_lstm_equal_total \
+    [[ $part == single ]] || for seed in 0 1 2; do
+        skip ablate_g2p_attention "$seed" experiment=ablate_g2p_attention
+        skip ablate_g2p_lstm "$seed" experiment=ablate_g2p_lstm
+        skip ablate_g2p_param_matched "$seed" experiment=ablate_g2p_param_matched model.mixer_options.lstm.hidden_size=71
+        skip ablate_g2p_alternating "$seed" experiment=ablate_g2p_alternating
+        skip ablate_g2p_lstm_equal_total "$seed" experiment=ablate_g2p_lstm_equal_total \
             "trainer.max_steps=$((steps + fine_tune))"
     done
-    fit ablate_g2p_deep_encoder 0 experiment=ablate_g2p_deep_encoder
-    fit ablate_g2p_attention_first 0 experiment=ablate_g2p_attention_first
-    fit ablate_g2p_attention_last 0 experiment=ablate_g2p_attention_last
+    [[ $part == seeded ]] && exit 0
+    skip ablate_g2p_deep_encoder 0 experiment=ablate_g2p_deep_encoder
+    skip ablate_g2p_attention_first 0 experiment=ablate_g2p_attention_first
+    skip ablate_g2p_attention_last 0 experiment=ablate_g2p_attention_last
     for mixer in $others; do
-        fit "ablate_g2p_$mixer" 0 experiment=ablate_g2p_lstm "model.decoder_mixers=$mixer"
+        skip "ablate_g2p_$mixer" 0 experiment=ablate_g2p_lstm "model.decoder_mixers=$mixer"
     done
 } | xargs -P "$jobs" -I{} bash -c {}
 
 # Phase 2: each seed's transformer converted to all-LSTM and fine-tuned for 20% of its steps.
-for seed in 0 1 2; do
+[[ $part == single ]] || for seed in 0 1 2; do
     converted=$runs/ablate_g2p_attention/seed$seed.lstm.ckpt
-    echo "hybrid convert ckpt_path=$runs/ablate_g2p_attention/seed$seed/checkpoints/last.ckpt pattern=lstm" \
-         "output=$converted > $runs/convert.seed$seed.log 2>&1 &&" \
-         "$(fit ablate_g2p_convert "$seed" experiment=ablate_g2p_convert "init_from=$converted" \
+    unless_done ablate_g2p_convert "$seed" \
+        "hybrid convert ckpt_path=$runs/ablate_g2p_attention/seed$seed/checkpoints/last.ckpt pattern=lstm \
+output=$converted > $runs/convert.seed$seed.log 2>&1 && $(fit ablate_g2p_convert "$seed" experiment=ablate_g2p_convert "init_from=$converted" \
             "trainer.max_steps=$fine_tune" "callbacks.freeze_copied_weights.steps=$((fine_tune / 4))" \
             "module.warmup_steps=$((fine_tune / 10))" "trainer.val_check_interval=$((fine_tune / 5))" \
             | sed 's/> \(.*\)$/>> \1/')"
 done | xargs -P "$jobs" -I{} bash -c {}
 
-hybrid ablate "runs=$runs" output_dir=results/ablations-converged
+hybrid ablate "runs=$runs" output_dir=results/ablations-converged ${INCLUDE:+"include=$INCLUDE"}
