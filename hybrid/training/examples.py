@@ -10,14 +10,16 @@ from typing import TYPE_CHECKING
 import torch
 
 from hybrid.model import Seq2Seq
+from hybrid.training.module import closest_reference
 
 if TYPE_CHECKING:
     from hybrid.training.data import Seq2SeqDataModule
 
 
 def print_examples(model: Seq2Seq, datamodule: Seq2SeqDataModule, count: int) -> None:
-    """Print ``count`` test sources with the model's greedy prediction, the reference, and the median
-    decoding time per generated token, one source at a time (batch 1, the latency case)."""
+    """Print ``count`` test sources with the model's greedy prediction, the reference it is scored against
+    (the closest, where a source has several), and the median decoding time per generated token, one
+    source at a time (batch 1, the latency case)."""
     datamodule.setup("test")
     tokenizer, examples = datamodule.tokenizer, datamodule.datasets["test"][:count]
     model.eval()
@@ -33,7 +35,8 @@ def print_examples(model: Seq2Seq, datamodule: Seq2SeqDataModule, count: int) ->
         ids = decode(example.source_ids)
         seconds_per_token.append((time.perf_counter() - begin) / ids.shape[1])
         prediction = tokenizer.decode(ids[0])
-        rows.append((example.source, prediction, example.target, "ok" if prediction == example.target else "x"))
+        reference = closest_reference(prediction, example.references)
+        rows.append((example.source, prediction, reference, "ok" if prediction == reference else "x"))
     widths = [max(len(row[column]) for row in rows) for column in range(2)]
     print(f"{'source':<{widths[0]}}  {'prediction':<{widths[1]}}  reference")
     for source, prediction, reference, mark in rows:

@@ -7,7 +7,7 @@ import torch
 from lightning import Trainer
 from lightning.pytorch.loggers import CSVLogger
 
-from hybrid import Seq2Seq
+from hybrid import ModelConfig, Seq2Seq
 from hybrid.training import LitSeq2Seq, Seq2SeqTokenizer, SyntheticDataModule, collate
 from hybrid.training.checkpoint import export_checkpoint, read_checkpoint
 from hybrid.training.data import G2PDataModule, TextDataModule
@@ -116,7 +116,8 @@ def test_a_prediction_matching_any_reference_is_no_error():
                         metrics=["exact_match", "per", "wer"]).eval()
     batch = collate(datamodule.datasets["test"][:3])
     predictions = module.tokenizer.batch_decode(module.decode(batch["src_ids"], batch["src_mask"]))
-    batch["tgt_references"] = [[target, prediction] for target, prediction in zip(batch["tgt_text"], predictions)]
+    batch["tgt_references"] = [[target, prediction]
+                               for target, prediction in zip(batch["tgt_text"], predictions, strict=True)]
     with torch.no_grad(), pytest.warns(UserWarning, match="self.log"):
         module._score_decoding(batch, 0, "test")
     assert module.sequence_metrics["test_exact_match"].compute().item() == 1.0
@@ -216,3 +217,16 @@ def test_copy_is_learned_to_exact_match_0_9(mixer, tmp_path):
     trainer = _trainer(tmp_path, max_epochs=7, check_val_every_n_epoch=7, num_sanity_val_steps=0, logger=False)
     trainer.fit(module, datamodule=datamodule)
     assert trainer.callback_metrics["val/exact_match"] >= 0.9
+
+
+def test_printed_examples_show_the_reference_a_prediction_is_scored_against(monkeypatch, capsys):
+    from hybrid.training.examples import print_examples
+
+    datamodule = G2PDataModule(max_words=2000, stress=False, references="all")
+    datamodule.setup()
+    word = next(example for example in datamodule.datasets["test"] if len(example.references) > 1)
+    datamodule.datasets["test"] = [word]
+    model = Seq2Seq(ModelConfig(**TINY_MODEL, vocab_size=datamodule.vocab_size))
+    monkeypatch.setattr(datamodule.tokenizer, "decode", lambda ids: word.references[1])  # a valid variant
+    print_examples(model, datamodule, 1)
+    assert f"{word.references[1]}  {word.references[1]}  ok" in capsys.readouterr().out
