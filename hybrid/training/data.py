@@ -362,6 +362,7 @@ class SyntheticDataModule(Seq2SeqDataModule):
         max_length: int = 16,
         num_symbols: int = 10,
         num_queries: int = 8,
+        table_order: str = "sorted",
         train_size: int = 10_000,
         val_size: int = 500,
         test_size: int = 500,
@@ -375,7 +376,7 @@ class SyntheticDataModule(Seq2SeqDataModule):
     ) -> None:
         super().__init__(batch_size, num_workers, seed, too_long, source_eos=source_eos)
         self.save_hyperparameters()
-        self.task = SyntheticTask(task, min_length, max_length, num_symbols, num_queries)
+        self.task = SyntheticTask(task, min_length, max_length, num_symbols, num_queries, table_order)
         self.test_task = dataclasses.replace(
             self.task,
             min_length=min_length if test_min_length is None else test_min_length,

@@ -16,6 +16,7 @@ SEQUENCE_SYMBOLS = string.ascii_lowercase + string.ascii_uppercase  # 52 symbols
 RECALL_SEPARATOR = "|"  # ends the sequence, in the source and in the target
 RECALL_KEYS = string.digits  # one token per position, so that a key is one content match
 QUERY_SEPARATOR = ","  # between the query positions of the recall task
+TABLE_ORDERS = ("sorted", "source")  # the order of the recall table's letters
 
 
 @dataclass(frozen=True)
@@ -29,14 +30,15 @@ class SyntheticTask:
         digits (no leading zero), so `num_symbols` is unused.
       - `recall`: multi-query associative recall (Zoology's MQAR) over the decoder's own output.
         Source: a sequence `a` of n = `min_length..max_length` letters (n <= 10), "|", then
-        `num_queries` 0-based positions in 0..n-1 separated by ",". Target: `sorted(a)` with each
-        letter keyed by its position ("0a1b2c3d"), "|", then each queried key followed by its
-        value: "dbca|3,0" -> "0a1b2c3d|3d0a". The key-value table exists only in the decoder's own
-        output: reading a value back is one content lookup for self-attention (find the key, copy
-        the token after it), while from the source it is the p-th smallest letter, which
-        cross-attention cannot look up. A constant-state decoder has to keep the whole table in
-        its state, so raising `max_length` grows what it must hold. Keys are single digits, hence
-        n <= 10.
+        `num_queries` 0-based positions in 0..n-1 separated by ",". Target: a table of the letters,
+        each keyed by its position, "|", then each queried key followed by its value. The table's
+        letters are in `table_order`: `"sorted"`, "dbca|3,0" -> "0a1b2c3d|3d0a", or `"source"`,
+        "dbca|3,0" -> "0d1b2c3a|3a0d". For self-attention a value is one content lookup in its own
+        output (find the key, copy the token after it). A sorted table is a function of the source's
+        letter counts, which a constant state holds whatever the table's length, and which
+        cross-attention reads at every step; a table in source order is not: a constant-state
+        decoder must hold its n letters, or find source position p through cross-attention. Keys
+        are single digits, hence n <= 10.
     """
 
     name: str
@@ -44,6 +46,7 @@ class SyntheticTask:
     max_length: int = 16
     num_symbols: int = 10
     num_queries: int = 8
+    table_order: str = "sorted"
 
     def __post_init__(self) -> None:
         if self.name not in _GENERATORS:
@@ -54,6 +57,8 @@ class SyntheticTask:
             raise ValueError(f"num_symbols must be in 1..{len(SEQUENCE_SYMBOLS)}, got {self.num_symbols}")
         if self.num_queries < 1:
             raise ValueError(f"num_queries must be positive, got {self.num_queries}")
+        if self.table_order not in TABLE_ORDERS:
+            raise ValueError(f"table_order must be one of {TABLE_ORDERS}, got {self.table_order!r}")
         if self.name == "recall" and self.max_length > len(RECALL_KEYS):
             raise ValueError(f"recall keys are the single digits, so max_length must be at most "
                              f"{len(RECALL_KEYS)}, got {self.max_length}")
@@ -104,7 +109,7 @@ def _addition(task: SyntheticTask, rng: random.Random) -> tuple[str, str]:
 
 def _recall(task: SyntheticTask, rng: random.Random) -> tuple[str, str]:
     sequence = _random_letters(task, rng)
-    ordered = "".join(sorted(sequence))
+    ordered = "".join(sorted(sequence)) if task.table_order == "sorted" else sequence
     positions = [rng.randrange(len(sequence)) for _ in range(task.num_queries)]
     source = sequence + RECALL_SEPARATOR + QUERY_SEPARATOR.join(RECALL_KEYS[p] for p in positions)
     table = "".join(RECALL_KEYS[p] + letter for p, letter in enumerate(ordered))

@@ -6,7 +6,9 @@
 #   Phase 1, the grid's own tables of 4-8 keys: every registered mixer as the whole decoder
 #   (ablate_recall_<mixer>), and the layout arms (alternating, attention first and last, 6-1 layers,
 #   the parameter-matched LSTM, the LSTM trained from scratch for 1,500 + 300 steps); then every mixer
-#   with tables of 10 keys (recall_n10_<mixer>), which a constant state must hold whole.
+#   with tables of 10 keys (recall_n10_<mixer>), and with the table in the source's order instead of
+#   sorted (recall_source_<mixer>, tables of 4-8 keys): a sorted table is a function of the source's
+#   letter counts, which a constant state holds whatever the table's length; one in source order is not.
 #   Phase 2: the all-attention run converted to all-LSTM and fine-tuned for 300 steps, 20% of its own.
 # Run from the repository root: bash results/recall/run.sh   (RUNS=<folder> puts the runs elsewhere,
 # JOBS=<n> runs n at a time, one thread each). A run whose test metrics are written is skipped, so a
@@ -35,6 +37,9 @@ fit() {  # fit <name> <overrides...>: one run in $runs/<name>, logged beside it,
     for mixer in $mixers; do
         fit "recall_n10_$mixer" experiment=ablate_recall_lstm "model.decoder_mixers=$mixer" \
             data.min_length=10 data.max_length=10
+    done
+    for mixer in $mixers; do
+        fit "recall_source_$mixer" experiment=ablate_recall_lstm "model.decoder_mixers=$mixer" data.table_order=source
     done
 } | xargs -P "$jobs" -I{} bash -c {}
 

@@ -103,6 +103,11 @@ def test_recall_keys_the_sorted_table_and_asks_for_values_by_key():
 
     task = SyntheticTask("recall", num_queries=2, max_length=10)
     assert task.sample(Draws()) == ("dbca|3,0", "0a1b2c3d|3d0a")
+    Draws.positions = iter([3, 0])
+    in_source_order = SyntheticTask("recall", num_queries=2, max_length=10, table_order="source")
+    assert in_source_order.sample(Draws()) == ("dbca|3,0", "0d1b2c3a|3a0d")
+    with pytest.raises(ValueError, match="table_order must be one of"):
+        SyntheticTask("recall", table_order="random")
 
 
 def test_recall_rejects_sequences_longer_than_its_keys():
