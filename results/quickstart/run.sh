@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduces this folder: the README's main job (`hybrid fit experiment=quickstart`: train, test on the
-# 1,500 held-out words of its 30k-word subset, print examples), its console output in output.txt and its
+# 6,246 held-out CMUdict words, print examples), its console output in output.txt and its
 # logged metrics in metrics.csv. Run from the repository root, in the environment the README's first
 # command makes: bash results/quickstart/run.sh
 set -euo pipefail
