@@ -1,23 +1,14 @@
 #!/usr/bin/env bash
-# Reproduces this folder: the ablation grid of configs/experiment/ablate_*.yaml on a CPU (seed 0; the
-# budgets are in ablate_g2p_lstm.yaml and ablate_recall_lstm.yaml), then `hybrid ablate` over its runs.
-# Run from the repository root: bash results/ablations/run.sh  (RUNS=<folder> puts the runs elsewhere).
-# G2P runs every arm. Recall leaves out the depth and width arms (G2P has them) to keep the whole grid
-# near 20 CPU minutes; RECALL_ARMS=<comma list> picks its arms (e.g. add deep_encoder,param_matched).
+# Regenerates every committed ablation table and plot, one folder after another (each folder's own
+# run.sh says what it trains; together about 9 CPU-hours on the 2-core machine, two runs at a time):
+#   results/recipe/             short controlled runs that settled the training recipe (3 seeds an arm)
+#   results/ablations-converged/ the G2P grid at d_model 128, 2,000 steps: 3 seeds of the main arms,
+#                               one of the layouts and of every other registered mixer
+#   results/recall/             associative recall, every mixer and layout at a budget attention learns
+#   results/g2p-best/           g2p_best and g2p_best_transformer side by side, about an hour each
+# Run from the repository root: bash results/ablations/run.sh   (ONLY="recall g2p-best" runs some of them).
+# A folder's runs whose test metrics are written are skipped, so a stopped script picks up where it was.
 set -euo pipefail
-# One thread per run: on a shared 2-core machine two threads per run were several times slower per step.
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-runs=${RUNS:-outputs/ablations}
-g2p_arms=attention,lstm,alternating,attention_last,attention_first,deep_encoder,param_matched,lstm_equal_total
-recall_arms=${RECALL_ARMS:-attention,lstm,alternating,attention_last,attention_first,lstm_equal_total}
-for task in g2p recall; do
-    arms=${task}_arms
-    experiments=$(echo "${!arms}" | sed "s/\([a-z_]*\)/ablate_${task}_\1/g")
-    # One process runs the arms in turn, each in $runs/$task/<n>_<name>; arm 0 is the transformer.
-    hybrid fit -m "experiment=$experiments" "hydra.sweep.dir=$runs/$task"
-    hybrid convert "ckpt_path=$runs/$task/0_ablate_${task}_attention/checkpoints/last.ckpt" pattern=lstm \
-        "output=$runs/$task/converted.ckpt"
-    hybrid fit "experiment=ablate_${task}_convert" "init_from=$runs/$task/converted.ckpt" \
-        "hydra.run.dir=$runs/$task/convert"
+for part in ${ONLY:-recipe ablations-converged recall g2p-best}; do
+    bash "results/$part/run.sh"
 done
-hybrid ablate "runs=$runs" output_dir=results/ablations
