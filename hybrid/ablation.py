@@ -413,31 +413,47 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     no worse than the parameter-matched one (more capacity should not lose). Each target is judged on the
     means; ``significant`` says whether the two configurations' difference stands out of the spread
     between seeds (:func:`significant`), and ``measured`` says it in words.
+
+    Arms trained alike but for the grid's defaults share a suffix (``ablate_g2p_lstm_lr_1.5e-3`` against
+    ``ablate_g2p_attention_lr_1.5e-3``), and each suffix is judged on its own, its name in brackets.
     """
     by_run = {row["run"]: row for row in group_seeds(rows)}
+    arms = ("lstm", "attention", "param_matched", "convert")
     out = []
     for task in sorted({row["task"] for row in by_run.values()}):
-        lstm, attention = by_run.get(f"ablate_{task}_lstm"), by_run.get(f"ablate_{task}_attention")
-        matched, converted = by_run.get(f"ablate_{task}_param_matched"), by_run.get(f"ablate_{task}_convert")
-        comparisons = [(lstm, attention, "all-LSTM {metric} within 10% of all-attention's", "<= +10%", 0.10),
-                       (matched, attention, "parameter-matched all-LSTM {metric} within 5% of all-attention's",
-                        "<= +5%", 0.05),
-                       (lstm, matched, "equal-width all-LSTM {metric} no worse than the parameter-matched one",
-                        "<= +0%, or inside the seeds' spread", None)]
-        for mine, theirs, target, needed, within in comparisons:
-            if mine and theirs and (check := _compare_errors(task, target, mine, theirs, needed, within)):
-                out.append(check)
-        if converted and attention and attention.get("test/exact_match") is not None:
-            theirs, share = attention["test/exact_match"], converted["steps"] / attention["steps"]
-            reached = converted["test/exact_match"] / theirs if theirs > 0 else None  # nothing to reach
-            verdict = significant(converted, attention, "test/exact_match")
-            out.append({"task": task, "target": "convert-then-fine-tune exact match vs the transformer's",
-                        "needed": ">= 95% with <= 20% of its steps",
-                        "measured": f"{_cell('test/exact_match', converted)} vs {_cell('test/exact_match', attention)} "
-                                    f"({'n/a' if reached is None else f'{reached:.1%}'}, {SIGNIFICANCE[verdict]}) "
-                                    f"with {share:.0%} of its steps",
-                        "met": None if reached is None else reached >= 0.95 and share <= 0.20,
-                        "significant": verdict})
+        suffixes = sorted({run[len(f"ablate_{task}_{arm}"):] for run in by_run for arm in arms
+                           if run.startswith(f"ablate_{task}_{arm}")}, key=lambda suffix: (suffix != "", suffix))
+        for suffix in suffixes:
+            lstm, attention, matched, converted = (by_run.get(f"ablate_{task}_{arm}{suffix}") for arm in arms)
+            variant = f" [{suffix.lstrip('_')}]" if suffix else ""
+            out.extend({**check, "target": check["target"] + variant}
+                       for check in _grid_checks(task, lstm, attention, matched, converted))
+    return out
+
+
+def _grid_checks(task: str, lstm: dict | None, attention: dict | None, matched: dict | None,
+                 converted: dict | None) -> list[dict[str, Any]]:
+    """:func:`targets`'s checks among one suffix's arms (any of them may be missing)."""
+    out = []
+    comparisons = [(lstm, attention, "all-LSTM {metric} within 10% of all-attention's", "<= +10%", 0.10),
+                   (matched, attention, "parameter-matched all-LSTM {metric} within 5% of all-attention's",
+                    "<= +5%", 0.05),
+                   (lstm, matched, "equal-width all-LSTM {metric} no worse than the parameter-matched one",
+                    "<= +0%, or inside the seeds' spread", None)]
+    for mine, theirs, target, needed, within in comparisons:
+        if mine and theirs and (check := _compare_errors(task, target, mine, theirs, needed, within)):
+            out.append(check)
+    if converted and attention and attention.get("test/exact_match") is not None:
+        theirs, share = attention["test/exact_match"], converted["steps"] / attention["steps"]
+        reached = converted["test/exact_match"] / theirs if theirs > 0 else None  # nothing to reach
+        verdict = significant(converted, attention, "test/exact_match")
+        out.append({"task": task, "target": "convert-then-fine-tune exact match vs the transformer's",
+                    "needed": ">= 95% with <= 20% of its steps",
+                    "measured": f"{_cell('test/exact_match', converted)} vs {_cell('test/exact_match', attention)} "
+                                f"({'n/a' if reached is None else f'{reached:.1%}'}, {SIGNIFICANCE[verdict]}) "
+                                f"with {share:.0%} of its steps",
+                    "met": None if reached is None else reached >= 0.95 and share <= 0.20,
+                    "significant": verdict})
     return out
 
 

@@ -252,6 +252,22 @@ def test_issue_15s_targets_hold_the_parameter_matched_lstm_to_5_percent_and_the_
     assert alone["met"] is False and alone["significant"] is None  # one seed each: judged on the values
 
 
+def test_arms_trained_alike_are_judged_by_their_shared_suffix():
+    def configuration(name, per_by_seed):
+        return [{"task": "g2p", "run": f"ablate_g2p_{name}", "seed": seed, "steps": 500, "test/per": per}
+                for seed, per in enumerate(per_by_seed)]
+
+    rows = (configuration("attention", [0.20, 0.21, 0.22]) + configuration("lstm", [0.40, 0.41, 0.42])
+            + configuration("attention_lr_1e-3", [0.30, 0.31, 0.32]) + configuration("lstm_lr_1e-3", [0.30, 0.30, 0.31])
+            + configuration("attention_first", [0.10]) + configuration("lstm_equal_total", [0.10]))
+    checks = {check["target"]: check for check in targets(rows)}
+    assert list(checks) == ["all-LSTM test/per within 10% of all-attention's",  # the grid's defaults first
+                            "all-LSTM test/per within 10% of all-attention's [lr_1e-3]"]
+    assert checks["all-LSTM test/per within 10% of all-attention's"]["met"] is False
+    assert "0.303 ± 0.006 vs 0.310 ± 0.010" in checks["all-LSTM test/per within 10% of all-attention's [lr_1e-3]"][
+        "measured"]  # each suffix's arms against each other, never against another suffix's
+
+
 def test_targets_and_pareto_front():
     rows = [{"task": "g2p", "run": "ablate_g2p_attention", "test/per": 0.20, "test/exact_match": 0.50, "steps": 600},
             {"task": "g2p", "run": "ablate_g2p_lstm", "test/per": 0.23, "test/exact_match": 0.40, "steps": 600},

@@ -8,14 +8,18 @@
 #   convert-then-fine-tune (each seed's transformer, converted to all-LSTM, fine-tuned for 20% of its
 #   steps) against the all-LSTM decoder from scratch at equal total steps.
 #   Seed 0: 6-1 against 3-3, attention first, attention last, and every other registered mixer.
+#   Seeds 0, 1, 2 again: the learning rate (the equal-width LSTM at 1.5e-3 and 1e-3, the parameter-matched
+#   one and attention at 1.5e-3, against the grid's 3e-3), since the wider LSTM lost to the narrower.
 # Then `hybrid ablate` pools the seeds (mean ± std, significance) into results/ablations-converged/.
 # Run from the repository root: bash results/ablations-converged/run.sh   (RUNS=<folder> puts the runs
-# elsewhere, JOBS=<n> runs n at a time, STEPS=<n> sets the budget). About 4 hours of CPU in all, so it
-# can run in parts: PART=seeded (the 3-seed arms and the conversions) or PART=single (the one-seed arms);
+# elsewhere, JOBS=<n> runs n at a time, STEPS=<n> sets the budget). About 5 hours of CPU in all, so it
+# can run in parts: PART=seeded (the 3-seed arms and the conversions), PART=single (the one-seed arms)
+# or PART=lr (the learning rate per width);
 # a run whose test metrics are already written is skipped, so a stopped script picks up where it was.
 # INCLUDE=<ablations.csv> adds the rows of runs collected before whose folders are gone. The committed
-# table was made in two sessions: PART=seeded, then, its run folders gone,
+# table was made in three sessions: PART=seeded, then, each time the earlier run folders were gone,
 #   PART=single INCLUDE=results/ablations-converged/ablations.csv bash results/ablations-converged/run.sh
+#   PART=lr INCLUDE=results/ablations-converged/ablations.csv bash results/ablations-converged/run.sh
 set -euo pipefail
 export OMP_NUM_THREADS=1
 runs=${RUNS:-outputs/ablations-converged}
@@ -39,6 +43,15 @@ skip() { unless_done "$1" "$2" "$(fit "$@")"; }
 others=$(python -c "from hybrid import MIXERS; print(' '.join(n for n in MIXERS if n not in ('attention', 'lstm')))")
 
 {   # Phase 1: every arm trained from scratch.
+    [[ $part == all || $part == lr ]] && for seed in 0 1 2; do
+        for rate in 1.5e-3 1e-3; do
+            skip "ablate_g2p_lstm_lr_$rate" "$seed" experiment=ablate_g2p_lstm "module.learning_rate=$rate"
+        done
+        skip ablate_g2p_param_matched_lr_1.5e-3 "$seed" experiment=ablate_g2p_param_matched \
+            model.mixer_options.lstm.hidden_size=71 module.learning_rate=1.5e-3
+        skip ablate_g2p_attention_lr_1.5e-3 "$seed" experiment=ablate_g2p_attention module.learning_rate=1.5e-3
+    done
+    [[ $part == lr ]] && exit 0
     [[ $part == single ]] || for seed in 0 1 2; do
         skip ablate_g2p_attention "$seed" experiment=ablate_g2p_attention
         skip ablate_g2p_lstm "$seed" experiment=ablate_g2p_lstm
@@ -57,7 +70,7 @@ others=$(python -c "from hybrid import MIXERS; print(' '.join(n for n in MIXERS 
 } | xargs -P "$jobs" -I{} bash -c {}
 
 # Phase 2: each seed's transformer converted to all-LSTM and fine-tuned for 20% of its steps.
-[[ $part == single ]] || for seed in 0 1 2; do
+[[ $part == single || $part == lr ]] || for seed in 0 1 2; do
     converted=$runs/ablate_g2p_attention/seed$seed.lstm.ckpt
     unless_done ablate_g2p_convert "$seed" \
         "hybrid convert ckpt_path=$runs/ablate_g2p_attention/seed$seed/checkpoints/last.ckpt pattern=lstm \
