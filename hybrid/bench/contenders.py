@@ -56,7 +56,7 @@ def model_config(shape: dict, mixers: str | list[str], lstm_hidden_size: int | N
                        d_ff=shape["d_ff"], encoder_layers=shape["encoder_layers"],
                        decoder_layers=shape["decoder_layers"], decoder_mixers=mixers, dropout=0.0,
                        max_positions=shape["max_positions"],
-                       mixer_options={"lstm": {"hidden_size": lstm_hidden_size}})
+                       mixer_options={"lstm": {"hidden_size": lstm_hidden_size}} if lstm_hidden_size else {})
 
 
 def parameter_matched_lstm_width(shape: dict) -> int:
