@@ -155,6 +155,19 @@ def read_test_metrics(metrics_csv: Path) -> dict[str, float]:
     return metrics
 
 
+def write_validation_curves(runs: Path, metric: str, output: Path) -> None:
+    """``output``: every run's ``metric`` (a ``val/...`` column) at each validation, as a CSV of run (its
+    folder under ``runs``), step (counted from 1) and value, to show how fast each configuration learns."""
+    runs = Path(runs)
+    lines = [f"run,step,{metric.replace('/', '_')}"]
+    for metrics_csv in sorted(runs.rglob("csv/metrics.csv")):
+        run = metrics_csv.parent.parent.relative_to(runs).as_posix()
+        with open(metrics_csv, newline="") as handle:
+            lines += [f"{run},{int(row['step']) + 1},{float(row[metric]):.4f}"
+                      for row in csv.DictReader(handle) if row.get(metric)]
+    write_atomically(output, "\n".join(lines) + "\n")
+
+
 def describe_run(run: Path) -> tuple[dict[str, Any], Seq2Seq]:
     """One table row of a run (without its decoding speed) and its model, built from ``last.ckpt``."""
     cfg = _composed(run)

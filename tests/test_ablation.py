@@ -25,6 +25,7 @@ from hybrid.ablation import (
     significant,
     targets,
     write_results,
+    write_validation_curves,
 )
 from hybrid.cli import main
 from hybrid.cli.train import run_fit
@@ -266,6 +267,15 @@ def test_arms_trained_alike_are_judged_by_their_shared_suffix():
     assert checks["all-LSTM test/per within 10% of all-attention's"]["met"] is False
     assert "0.303 ± 0.006 vs 0.310 ± 0.010" in checks["all-LSTM test/per within 10% of all-attention's [lr_1e-3]"][
         "measured"]  # each suffix's arms against each other, never against another suffix's
+
+
+def test_validation_curves_name_each_run_by_its_folder_and_keep_only_validation_rows(tmp_path):
+    for run, rows in {"lstm/seed0": "0,99,,0.50\n0,99,0.30,\n1,199,0.25,\n", "attention": "0,99,0.40,\n"}.items():
+        (tmp_path / run / "csv").mkdir(parents=True)
+        (tmp_path / run / "csv" / "metrics.csv").write_text("epoch,step,val/per,train/loss\n" + rows)
+    write_validation_curves(tmp_path, "val/per", tmp_path / "curves.csv")
+    assert (tmp_path / "curves.csv").read_text() == (
+        "run,step,val_per\nattention,100,0.4000\nlstm/seed0,100,0.3000\nlstm/seed0,200,0.2500\n")
 
 
 def test_targets_and_pareto_front():

@@ -53,14 +53,4 @@ grep -qs test/ "$runs/ablate_recall_convert/csv/metrics.csv" || {
 hybrid ablate "runs=$runs" output_dir=results/recall
 
 # Each run's validation exact match after every check, to see how fast each mixer learns (all reach 1.0).
-python - "$runs" <<'PY'
-import csv, sys
-from pathlib import Path
-from hybrid.files import write_atomically
-lines = ["run,step,val_exact_match"]
-for metrics in sorted(Path(sys.argv[1]).glob("*/csv/metrics.csv")):
-    for row in csv.DictReader(open(metrics)):
-        if row.get("val/exact_match"):
-            lines.append(f"{metrics.parent.parent.name},{int(row['step']) + 1},{float(row['val/exact_match']):.3f}")
-write_atomically("results/recall/validation.csv", "\n".join(lines) + "\n")
-PY
+python -c "from hybrid.ablation import write_validation_curves as write; write('$runs', 'val/exact_match', 'results/recall/validation.csv')"
