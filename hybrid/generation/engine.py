@@ -32,6 +32,10 @@ class GenerateOutput:
     ``sequences_scores``: (N,) the sum of the chosen tokens' log-probabilities under the processed
     scores (greedy, sampling), or the length-penalised beam score (beam search).
     ``beam_indices``: (N, L) for beam search: the row (source * num_beams + beam) each token came from.
+
+    In beam search a source may have fewer finished hypotheses than ``num_return_sequences`` (when
+    nothing but EOS is allowed early, say); each missing one is a row of nothing but padding, scored
+    ``-inf`` in ``sequences_scores``, with ``beam_indices`` 0.
     """
 
     sequences: Tensor
@@ -305,6 +309,11 @@ def _beam_search(run: _Run, session) -> GenerateOutput:
                 prefix, prefix_lengths = prefix[keep], prefix_lengths[keep]
 
     best = config.num_return_sequences
+    # A slot that no hypothesis reached keeps whatever a dead beam, tied with it at -inf, left there: it is
+    # returned as the no-hypothesis row, all padding and scored -inf, never as a fragment such as [pad, EOS].
+    no_hypothesis = (pool_scores == float("-inf"))[:, :, None]
+    pool_sequences.masked_fill_(no_hypothesis, run.pad_id)
+    pool_origins.masked_fill_(no_hypothesis, 0)
     sequences = _trim(pool_sequences[:, :best, 1:last_step + 2].flatten(0, 1), run.pad_id)
     beam_indices = pool_origins[:, :best, 1:sequences.shape[1] + 1].flatten(0, 1)
     return GenerateOutput(sequences=sequences, scores=tuple(step_scores) if run.keep_scores else None,

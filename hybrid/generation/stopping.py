@@ -59,19 +59,38 @@ class EosTokenCriteria:
 class StoppingCriteriaList(list[StoppingCriterion]):
     """A list of stopping criteria that is itself a criterion: a sequence is done when any says so.
 
-    A criterion may answer with a [B] bool tensor, a 0-dim tensor or a Python bool (both meaning the
-    whole batch); the answer is always a [B] bool tensor on `input_ids.device`, all False when empty.
+    Each criterion must answer with a bool tensor of shape [B], one flag per row (what transformers'
+    criteria return), or with one flag for every row: a Python bool or a 0-dim bool tensor. Anything
+    else (None, an int or float tensor, another shape) is refused with an error that names the
+    criterion, what it returned and what is allowed, rather than read as truthiness or broadcast.
+    The answer is always a [B] bool tensor on `input_ids.device`, all False when the list is empty.
     """
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        is_done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        rows = input_ids.shape[0]
+        is_done = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
         for criterion in self:
-            answer = criterion(input_ids, scores)
-            if isinstance(answer, Tensor):
-                answer = answer.to(device=is_done.device, dtype=torch.bool)
-            is_done = is_done | answer
+            answer = _checked_flags(criterion, criterion(input_ids, scores), rows)
+            is_done = is_done | (answer.to(is_done.device) if isinstance(answer, Tensor) else answer)
         return is_done
 
     @property
     def supports_continuous_batching(self) -> bool | None:
         return continuous_batching_support(self)
+
+
+def _checked_flags(criterion: StoppingCriterion, answer: object, rows: int) -> Tensor | bool:
+    """A criterion's answer if it is one a criterion may give, else an error naming the criterion.
+
+    Only shape and dtype are read, which are host metadata: checking never waits on the device.
+    """
+    allowed = (f"a stopping criterion returns a bool tensor of shape ({rows},), one flag per row, or one flag "
+               "for every row: a Python bool or a 0-dim bool tensor")
+    name = f"stopping_criteria ({getattr(criterion, '__name__', type(criterion).__name__)})"
+    if isinstance(answer, bool):
+        return answer
+    if not isinstance(answer, Tensor):
+        raise TypeError(f"{name} returned {type(answer).__name__}; {allowed}")
+    if answer.dtype != torch.bool or answer.shape not in ((rows,), ()):
+        raise ValueError(f"{name} returned a {answer.dtype} tensor of shape {tuple(answer.shape)}; {allowed}")
+    return answer

@@ -1,9 +1,10 @@
-"""What decoding does with processors that misbehave and options that ban every token.
+"""What decoding does with processors and stopping criteria that misbehave and options that ban every token.
 
-A processor that returns something other than the scores is refused by name. NaN scores count as
+A processor that returns something other than the scores, and a stopping criterion that answers
+with something other than flags, are refused by name, in every decoding path. NaN scores count as
 banned, and a row left with no allowed token ends with EOS, in greedy search, sampling and beam
-search alike: the output never holds NaN, BOS or padding before an EOS, and the check reads
-nothing back from the device.
+search alike: the output never holds NaN, BOS or padding before an EOS (a beam-search slot that no
+hypothesis reached is all padding, scored -inf), and the check reads nothing back from the device.
 """
 
 import pytest
@@ -11,7 +12,11 @@ import torch
 from conftest import padded_batch, tiny_model
 from torch.overrides import TorchFunctionMode
 
+from hybrid.generation import engine
+from hybrid.generation.bulk import RefillDecoder, Source
+from hybrid.generation.config import GenerationConfig
 from hybrid.generation.rules import DecodingRules
+from hybrid.generation.sessions import StaticSession
 
 STRATEGIES = {"greedy": {}, "sample": {"do_sample": True, "generator": torch.Generator().manual_seed(0)},
               "beam": {"num_beams": 3, "num_return_sequences": 2}}
@@ -26,11 +31,15 @@ SOURCES = padded_batch([5, 2, 4], seed=3)
 
 
 def _well_formed(model, out):
-    """Each row: no BOS, no NaN, and padding only after the row's EOS."""
+    """Each row: no BOS, no NaN, and padding only after the row's EOS, unless it is beam search's no-hypothesis
+    row: all padding, scored -inf."""
     eos, pad, bos = model.config.eos_id, model.config.pad_id, model.config.bos_id
     sequences = out.sequences
     assert not (sequences == bos).any()
-    for row in sequences.tolist():
+    for row, score in zip(sequences.tolist(), out.sequences_scores.tolist(), strict=True):
+        if score == float("-inf") and out.beam_indices is not None:
+            assert set(row) == {pad}
+            continue
         end = row.index(eos) + 1 if eos in row else len(row)
         assert pad not in row[:end] and set(row[end:]) <= {pad}
     for name in ("scores", "sequences_scores"):
@@ -53,6 +62,56 @@ def test_a_processor_that_returns_something_else_than_the_scores_is_refused_by_n
         model.generate(SOURCES, max_new_tokens=5, logits_processor=[broken])
 
 
+class _AnswersWith:
+    """A stopping criterion that answers with ``answer(rows)`` and says refill can run it."""
+
+    supports_continuous_batching = True
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+
+    def __call__(self, input_ids, scores):
+        return self.answer(input_ids.shape[0])
+
+
+def _refill(model, **options):
+    sources = [Source(index, ids) for index, ids in enumerate([[5, 6, 7], [8, 9], [4]])]
+    return list(RefillDecoder(model, slots=2, **options).run([sources]))
+
+
+def _static(model, **options):
+    # What the CUDA-graph loop runs, uncaptured: the same decode over a batch that keeps every row.
+    return engine.decode(model, SOURCES, None, GenerationConfig.from_kwargs(**options), StaticSession)
+
+
+DECODERS = {**{name: lambda model, options=options, **more: model.generate(SOURCES, **options, **more)
+               for name, options in STRATEGIES.items()},
+            "refill": _refill, "cuda-graph-loop": _static}
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+@pytest.mark.parametrize("answer, error, returned", [
+    (lambda rows: None, TypeError, "NoneType"),
+    (lambda rows: torch.ones(rows, 1, dtype=torch.bool), ValueError, r"a torch.bool tensor of shape \(\d+, 1\)"),
+    (lambda rows: torch.ones(2 * rows, dtype=torch.bool), ValueError, r"a torch.bool tensor of shape \(\d+,\)"),
+    (lambda rows: torch.ones(rows, dtype=torch.uint8), ValueError, r"a torch.uint8 tensor"),
+], ids=["None", "2-D", "wrong-length", "uint8"])
+def test_a_criterion_that_answers_with_something_else_than_flags_is_refused_by_name(model, decoder, answer, error,
+                                                                                    returned):
+    with pytest.raises(error, match=rf"stopping_criteria \(_AnswersWith\) returned {returned}.*; a stopping criterion "
+                                    r"returns a bool tensor of shape \(\d+,\), one flag per row, or one flag for every "
+                                    r"row: a Python bool or a 0-dim bool tensor"):
+        DECODERS[decoder](model, max_new_tokens=5, stopping_criteria=[_AnswersWith(answer)])
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+@pytest.mark.parametrize("answer", [True, torch.tensor(True)], ids=["bool", "0-dim-tensor"])
+def test_a_criterion_may_answer_for_every_row_at_once(model, decoder, answer):
+    out = DECODERS[decoder](model, max_new_tokens=5, stopping_criteria=[_AnswersWith(lambda rows: answer)])
+    lengths = [len(ids) for _, ids in out] if decoder == "refill" else [out.shape[1]]
+    assert lengths == [1] * len(lengths)  # every row stops after its first token
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("fill", [float("nan"), float("-inf")])
 def test_a_processor_that_leaves_no_allowed_token_ends_the_row_with_eos(model, strategy, fill):
@@ -73,7 +132,22 @@ def test_options_that_ban_every_token_end_the_row_with_eos(model, strategy):
     out = model.generate(SOURCES, max_new_tokens=6, min_new_tokens=3, bad_words_ids=every_token,
                          return_dict_in_generate=True, output_scores=True, **STRATEGIES[strategy])
     _well_formed(model, out)
-    assert (out.sequences[:, 0] == eos).all()  # nothing is allowed while EOS is banned: EOS it is
+    hypotheses = out.sequences_scores.isfinite()  # beam search finds one; the other row is the no-hypothesis row
+    assert (out.sequences[hypotheses, 0] == eos).all()  # nothing is allowed while EOS is banned: EOS it is
+    assert hypotheses.view(len(SOURCES), -1)[:, 0].all()
+
+
+def test_beam_search_with_nothing_allowed_ends_each_hypothesis_with_eos(mixer_pattern):
+    # One real token beside padding, BOS and EOS: min_new_tokens bans EOS and the n-gram ban takes the token
+    # once it is used, so after one token nothing is allowed. Each returned row is then a hypothesis ending
+    # with EOS, never padding before it, or the no-hypothesis row: all padding, scored -inf.
+    tiny = tiny_model(mixer_pattern, seed=3, vocab_size=4)
+    eos, pad, token = tiny.config.eos_id, tiny.config.pad_id, 3
+    out = tiny.generate(torch.tensor([[token, token], [token, pad]]), max_new_tokens=6, num_beams=3,
+                        num_return_sequences=3, min_new_tokens=3, no_repeat_ngram_size=1, return_dict=True)
+    assert out.sequences.tolist() == [[token, eos], [pad, pad], [pad, pad]] * 2
+    assert out.sequences_scores.isfinite().tolist() == [True, False, False] * 2
+    assert (out.beam_indices[~out.sequences_scores.isfinite()] == 0).all()
 
 
 def test_nan_and_infinite_scores_from_a_processor_never_reach_sampling(model):

@@ -44,8 +44,34 @@ def test_list_ors_every_kind_of_answer() -> None:
     for whole_batch in (lambda i, s: True, lambda i, s: torch.tensor(True), MaxNewTokensCriteria(1, 1)):
         is_done = StoppingCriteriaList([eos, whole_batch])(input_ids, scores)
         assert is_done.dtype == torch.bool and is_done.tolist() == [True, True, True]
-    last_row = StoppingCriteriaList([eos, lambda i, s: torch.tensor([0, 0, 1])])(input_ids, scores)
+    last_row = StoppingCriteriaList([eos, lambda i, s: torch.tensor([False, False, True])])(input_ids, scores)
     assert last_row.dtype == torch.bool and last_row.tolist() == [False, True, True]
+
+
+def never_done(input_ids, scores):
+    return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+@pytest.mark.parametrize("answer, error, message", [
+    (lambda rows: None, TypeError, r"NoneType"),
+    (lambda rows: 1, TypeError, r"int"),
+    (lambda rows: [True] * rows, TypeError, r"list"),
+    (lambda rows: torch.zeros(rows, 1, dtype=torch.bool), ValueError, r"torch.bool tensor of shape \(3, 1\)"),
+    (lambda rows: torch.zeros(rows - 1, dtype=torch.bool), ValueError, r"torch.bool tensor of shape \(2,\)"),
+    (lambda rows: torch.zeros(1, dtype=torch.bool), ValueError, r"torch.bool tensor of shape \(1,\)"),
+    # transformers' criteria answer with bool tensors; a number is not read as a truth value.
+    (lambda rows: torch.zeros(rows, dtype=torch.uint8), ValueError, r"torch.uint8 tensor of shape \(3,\)"),
+    (lambda rows: torch.zeros(rows, dtype=torch.long), ValueError, r"torch.int64 tensor"),
+    (lambda rows: torch.zeros(rows), ValueError, r"torch.float32 tensor"),
+])
+def test_an_answer_that_is_not_flags_is_refused_naming_the_criterion(answer, error, message) -> None:
+    def broken(input_ids, scores):
+        return answer(input_ids.shape[0])
+
+    criteria = StoppingCriteriaList([EosTokenCriteria(2), never_done, broken])
+    allowed = r"a bool tensor of shape \(3,\), one flag per row, or one flag for every row"
+    with pytest.raises(error, match=rf"stopping_criteria \(broken\) returned (a )?{message}.*; .*{allowed}"):
+        criteria(torch.ones(3, 2, dtype=torch.long), torch.zeros(3, 5))
 
 
 def test_criteria_never_read_values_back_to_the_host() -> None:
