@@ -11,15 +11,22 @@ Nothing here is specific to a mixer: the export sees every state tensor of every
 (:meth:`hybrid.mixers.MixerState.tensors`), binds it as an input and its updated value as an output
 at the same address, so the state is updated in place as in the eager step, and every path that
 steps the model (``generate``, continuous refill, ``hybrid generate``) runs the fast step unchanged.
-A graph is exported once per process and rows-per-source (beams share a source), with the batch,
-source length and capacity left dynamic, so it serves every later shape; the time it took is kept
-in :attr:`OnnxStep.export_seconds`.
+A graph is exported once per rows-per-source (beams share a source), with the batch, source length
+and capacity left dynamic, so it serves every later shape; the time it took is kept in
+:attr:`OnnxStep.export_seconds`. Given a cache folder (``optimize_for_inference(cache_dir=...)``, by
+default ``<folder>/fast`` for a model from ``from_pretrained``), each exported graph is also written
+there under a name made from everything that shapes it (:func:`graph_key`), so a later process loads
+it in a fraction of a second instead of exporting again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import hashlib
+import importlib.metadata
+import json
 import logging
 import os
 import tempfile
@@ -30,7 +37,15 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from hybrid.files import write_atomically
+
+logger = logging.getLogger(__name__)
+
 QUANTIZATIONS = (None, "int8")
+# Opset 23 has ONNX's Attention operator, so each scaled_dot_product_attention is one node for ONNX
+# Runtime, not a dozen (the key transpose, the mask, a NaN guard): at batch 1 a step costs ~0.8 µs
+# per node, and this cut the LSTM step at the default shape by ~20%.
+OPSET = 23
 _NUMPY_TYPES = {torch.float32: "float32", torch.int64: "int64", torch.bool: "bool"}
 
 
@@ -104,17 +119,18 @@ class OnnxStep:
     ``quantize="int8"`` quantizes the weights of every matrix product to int8 (ONNX Runtime's
     ``quantize_dynamic``: int8 weights, activations quantized per call). The exported graph holds
     a copy of the weights: :meth:`check_weights` (called by ``Seq2Seq.start``) refuses to run
-    after they have changed.
+    after they have changed. With a ``cache_dir``, each graph is read from it when a process has
+    exported it before (its key in :attr:`loaded_from_cache`), else exported and written there.
     """
 
-    def __init__(self, model, quantize: str | None = None) -> None:
+    def __init__(self, model, quantize: str | None = None, cache_dir: str | os.PathLike | None = None) -> None:
         if quantize not in QUANTIZATIONS:
             raise ValueError(f"quantize must be one of {QUANTIZATIONS}, got {quantize!r}")
         try:
             import onnxruntime  # noqa: F401  (fail now, not at the first step)
         except ImportError as error:
-            raise ImportError("the fast path on a CPU runs on ONNX Runtime: pip install 'hybrid[fast]' "
-                              "(onnxruntime, onnx and onnxscript)") from error
+            raise ImportError("the fast path on a CPU runs on ONNX Runtime, which installs with hybrid: "
+                              "pip install onnxruntime onnx onnxscript") from error
 
         dtype = next(model.parameters()).dtype
         if dtype != torch.float32:
@@ -127,7 +143,10 @@ class OnnxStep:
         self.model, self.quantize = model, quantize
         self.threads = torch.get_num_threads()
         self.sessions: dict[int, object] = {}
-        self.export_seconds: dict[int, float] = {}
+        self.export_seconds: dict[int, float] = {}  # per graph: its export, or its load from the cache
+        self.loaded_from_cache: set = set()
+        self.cache_dir = None if cache_dir is None else Path(cache_dir)
+        self._weights_digest = None if cache_dir is None else weights_digest(model)
         self._versions = _weight_versions(model)
         self._bindings: dict[tuple, _Binding] = {}
 
@@ -185,13 +204,33 @@ class OnnxStep:
         """The session of ``key``: a rows-per-source (the step) or ``("advance", ...)`` (the greedy step)."""
         if key not in self.sessions:
             begin = time.perf_counter()
-            self.sessions[key] = self._export(key, rules)
+            path = None if self.cache_dir is None else self.cache_dir / graph_key(self._weights_digest, key,
+                                                                                   self.quantize)
+            cached = None if path is None else _read_cached(path)
+            if cached is not None:
+                path, graph = cached
+                self.loaded_from_cache.add(key)
+                logger.info("loaded the fast step from %s", path)
+            else:
+                graph = self._export(key, rules)
+                path = None if path is None else _write_cached(path, graph)
+                logger.info("exported the fast step in %.1f s%s", time.perf_counter() - begin,
+                            "" if path is None else f", cached as {path} for the next process")
+            self.sessions[key] = self._open(graph)
             self.export_seconds[key] = time.perf_counter() - begin
         return self.sessions[key]
 
-    def _export(self, key, rules):
+    def _open(self, graph: bytes):
         import onnxruntime
 
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        return onnxruntime.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+
+    def _export(self, key, rules) -> bytes:
+        """The ONNX graph of ``key``'s step, serialised, with the weights inline."""
         model = self.model
         group_size = key if rules is None else key[-1]
         sources = 2
@@ -220,11 +259,10 @@ class OnnxStep:
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "step.onnx"
             with _quiet_exporter(), torch.no_grad():
-                # Opset 23 has ONNX's Attention operator, so each scaled_dot_product_attention is one node
-                # for ONNX Runtime, not a dozen (the key transpose, the mask, a NaN guard): at batch 1 a
-                # step costs ~0.8 µs per node, and this cut the LSTM step at the default shape by ~20%.
+                # The weights inline (external_data=False): one file to cache and to read back, within
+                # ONNX's 2 GB limit on a graph, far above this model's sizes.
                 torch.onnx.export(graph, example, str(path), dynamo=True, dynamic_shapes=shapes, optimize=True,
-                                  opset_version=23)
+                                  opset_version=OPSET, external_data=False)
             if self.quantize == "int8":
                 from onnxruntime.quantization import QuantType, quantize_dynamic
                 from onnxruntime.quantization.registry import IntegerOpsRegistry
@@ -236,11 +274,83 @@ class OnnxStep:
                     quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8,
                                      op_types_to_quantize=[op for op in IntegerOpsRegistry if op != "Attention"])
                 path = quantized
-            options = onnxruntime.SessionOptions()
-            options.intra_op_num_threads = self.threads
-            options.inter_op_num_threads = 1
-            options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-            return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            return path.read_bytes()
+
+
+def cache_dir_for(checkpoint: str | os.PathLike) -> Path:
+    """Where the fast path caches a saved model's graphs: ``<folder>/fast`` for a folder written by
+    ``save_pretrained`` (or ``hybrid export``), ``<file>.fast`` beside a training checkpoint."""
+    checkpoint = Path(checkpoint)
+    return checkpoint / "fast" if checkpoint.is_dir() else checkpoint.with_name(checkpoint.name + ".fast")
+
+
+def weights_digest(model) -> str:
+    """SHA-256 of a model's config and of every tensor in its state dict (name, dtype, shape, bytes):
+    what an exported graph copies from the model, so a graph cached under it is this model's."""
+    digest = hashlib.sha256(json.dumps(model.config.to_dict(), sort_keys=True).encode())
+    for name, tensor in model.state_dict().items():
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def graph_key(weights: str, key, quantize: str | None) -> str:
+    """The name one graph is cached under (:func:`_write_cached` adds the digest of its bytes): a digest of
+    everything that shapes the graph (the weights, its kind and decoding rules, the quantization, the opset,
+    the versions of hybrid's code and of the packages that trace and quantize it), then its kind in words:
+    ``<digest>-step-rows3-fp32.onnx`` is the float32 step of three rows per source (beams)."""
+    if isinstance(key, tuple):  # ("advance", suppressed, eos ids, pad id, rows per source): plain greedy
+        kind = f"greedy-rows{key[-1]}"
+    else:  # rows per source: beams or samples of one source
+        kind = f"step-rows{key}"
+    settings = json.dumps([weights, repr(key), quantize, OPSET, _toolchain()])
+    return f"{hashlib.sha256(settings.encode()).hexdigest()[:16]}-{kind}-{quantize or 'fp32'}.onnx"
+
+
+@functools.cache
+def _toolchain() -> dict[str, str]:
+    """The versions of what traces, converts and quantizes the step, and a digest of hybrid's own code,
+    which defines the step: any change to them may change the graph."""
+    versions = {name: importlib.metadata.version(name) for name in ("torch", "onnx", "onnxscript", "onnxruntime")}
+    code = hashlib.sha256()
+    package = Path(__file__).parent
+    for path in sorted(package.rglob("*.py")):
+        code.update(str(path.relative_to(package)).encode())
+        code.update(path.read_bytes())
+    return {**versions, "hybrid": code.hexdigest()}
+
+
+def _read_cached(path: Path) -> tuple[Path, bytes] | None:
+    """The file and bytes of a cached graph, if one is whole: its name ends with the SHA-256 of its bytes
+    (:func:`_write_cached`), so a damaged or cut file is recognised, removed where it can be, never used."""
+    for candidate in sorted(path.parent.glob(f"{path.stem}.*{path.suffix}")):
+        try:
+            graph = candidate.read_bytes()
+        except OSError:
+            continue
+        if candidate.name == _content_name(path, graph):
+            return candidate, graph
+        logger.warning("%s is damaged (its bytes do not match the digest in its name); exporting again", candidate)
+        with contextlib.suppress(OSError):
+            candidate.unlink()
+    return None
+
+
+def _write_cached(path: Path, graph: bytes) -> Path | None:
+    """Write ``graph`` atomically beside ``path``, its name carrying the SHA-256 of its bytes, and return
+    where. A folder that cannot be written is no error: the graph stays in memory (None)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return write_atomically(path.with_name(_content_name(path, graph)), graph)
+    except OSError as error:
+        logger.warning("cannot cache the fast step in %s (%s): it was exported in memory, and every process "
+                       "will export it again", path.parent, error)
+        return None
+
+
+def _content_name(path: Path, graph: bytes) -> str:
+    return f"{path.stem}.{hashlib.sha256(graph).hexdigest()[:16]}{path.suffix}"
 
 
 class _AdvanceBinding:

@@ -99,6 +99,8 @@ class Seq2Seq(nn.Module):
         # Set by optimize_for_inference: the exported CPU step, or CUDA-graph decoding on a GPU.
         self.fast_step = None
         self.cuda_graphs = False
+        # Set by from_pretrained: the folder the weights came from, where the fast path caches its graphs.
+        self.pretrained_folder: Path | None = None
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -234,15 +236,20 @@ class Seq2Seq(nn.Module):
         return generate(self, src_ids, src_mask=src_mask, max_new_tokens=max_new_tokens,
                         use_cache=use_cache, **kwargs)
 
-    def optimize_for_inference(self, quantize: str | None = None) -> Seq2Seq:
+    def optimize_for_inference(self, quantize: str | None = None,
+                               cache_dir: str | os.PathLike | None = None) -> Seq2Seq:
         """Switch this model to the fast decoding path and return it (in eval mode).
 
         On a CPU, the decoder step is exported to ONNX and run by ONNX Runtime (:mod:`hybrid.fast`);
         ``quantize="int8"`` gives its matrix products int8 weights. On a GPU, ``generate`` replays
         the step from CUDA graphs (:mod:`hybrid.generation.cuda_graph`). Every path that steps the
         model uses it: ``generate``, continuous refill and ``hybrid generate``. The export runs at
-        the first step of each rows-per-source (beams) and is paid once per process. The fast step
-        holds a copy of the weights: after changing them, call this again.
+        the first step of each rows-per-source (beams). With ``cache_dir`` (by default
+        ``<folder>/fast`` for a model loaded by :meth:`from_pretrained`, nothing for one built in
+        Python), each exported graph is written there, keyed by a digest of the weights and of
+        everything else that shapes it, and a later process with the same weights loads it instead of
+        exporting again; a folder that cannot be written only costs that. The fast step holds a copy of
+        the weights: after changing them, call this again.
         """
         self.eval()
         device = next(self.parameters()).device
@@ -252,9 +259,11 @@ class Seq2Seq(nn.Module):
                                  "model, e.g. model.to(torch.bfloat16), with CUDA graphs")
             self.fast_step, self.cuda_graphs = None, True
             return self
-        from hybrid.fast import OnnxStep
+        from hybrid.fast import OnnxStep, cache_dir_for
 
-        self.fast_step, self.cuda_graphs = OnnxStep(self, quantize), False
+        if cache_dir is None and self.pretrained_folder is not None:
+            cache_dir = cache_dir_for(self.pretrained_folder)
+        self.fast_step, self.cuda_graphs = OnnxStep(self, quantize, cache_dir), False
         return self
 
     # ----- persistence ---------------------------------------------------------------
@@ -285,4 +294,5 @@ class Seq2Seq(nn.Module):
         except Exception as error:  # safetensors raises its own error types for a truncated file
             raise ValueError(f"{weights_path} does not hold this config's weights (truncated, corrupt or "
                              f"from another model): {error}") from error
+        model.pretrained_folder = directory
         return model.to(device).eval()

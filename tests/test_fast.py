@@ -1,18 +1,28 @@
 """The fast path (ONNX Runtime on a CPU) equals the eager path, for every mixer, on padded batches.
 
 fp32: the step's logits within 1e-4 of the eager step's and the same tokens from every decoding
-path; int8: judged on quality, the G2P phoneme error rate within half a point of fp32.
+path; int8: judged on quality, the G2P phoneme error rate within half a point of fp32. An exported
+graph is cached beside a saved model, so a later process loads it instead of exporting again.
 """
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 from conftest import MIXER_PATTERNS, padded_batch, pattern_id, tiny_model
 
+from hybrid import Seq2Seq
+from hybrid.fast import OnnxStep, cache_dir_for, graph_key, weights_digest
 from hybrid.generation.bulk import RefillDecoder, Source
 
 pytest.importorskip("onnxruntime")
 
 LENGTHS = [6, 2, 4, 5]
+ALPHABET = "abcdefghij"
 
 
 @pytest.fixture(scope="module", params=MIXER_PATTERNS, ids=pattern_id)
@@ -116,6 +126,7 @@ def test_int8_keeps_the_g2p_phoneme_error_rate_within_half_a_point(tmp_path):
     for name, fast in [("eager", []), ("fp32", ["optimize=true"]), ("int8", ["optimize=true", "quantize=int8"])]:
         (scores,) = run_test(compose_config([*small, f"ckpt_path={checkpoint}", *fast], tmp_path / name))
         per[name] = scores["test/per"]
+    assert {path.name.split("-")[-1].split(".")[0] for path in cache_dir_for(checkpoint).iterdir()} == {"fp32", "int8"}
     assert per["eager"] < 0.6  # it learned something, so that the comparison means something
     assert per["fp32"] == pytest.approx(per["eager"], abs=1e-3)
     assert abs(per["int8"] - per["fp32"]) <= 0.005, per
@@ -126,3 +137,101 @@ def test_the_fast_path_refuses_a_model_made_inside_inference_mode():
         model = tiny_model(["lstm"], seed=38)
     with pytest.raises(ValueError, match="inference tensors"):
         model.optimize_for_inference()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A saved tiny model whose greedy graph one earlier "process" exported into ``<folder>/fast``
+    (the only export of the cache tests), and the eager answer it must give."""
+    from hybrid.training import Seq2SeqTokenizer
+
+    folder = tmp_path_factory.mktemp("saved")
+    tokenizer = Seq2SeqTokenizer.train([ALPHABET], [ALPHABET])
+    tiny_model(["lstm", "attention"], seed=39, vocab_size=tokenizer.vocab_size).save_pretrained(folder)
+    tokenizer.save(folder)
+    src = padded_batch(LENGTHS, seed=40)
+    eager = Seq2Seq.from_pretrained(folder).generate(src, max_new_tokens=8)
+    first = Seq2Seq.from_pretrained(folder).optimize_for_inference()
+    assert torch.equal(first.generate(src, max_new_tokens=8), eager)
+    assert not first.fast_step.loaded_from_cache
+    return folder, src, eager
+
+
+def refuse_to_export(monkeypatch):
+    def export(*args, **kwargs):
+        raise AssertionError("the graph was exported again")
+
+    monkeypatch.setattr(torch.onnx, "export", export)
+
+
+def test_a_model_loaded_again_from_its_folder_loads_the_cached_graph(saved, monkeypatch):
+    folder, src, eager = saved
+    [cached] = (folder / "fast").iterdir()
+    refuse_to_export(monkeypatch)
+    model = Seq2Seq.from_pretrained(folder).optimize_for_inference()
+    assert torch.equal(model.generate(src, max_new_tokens=8), eager)
+    assert model.fast_step.loaded_from_cache == set(model.fast_step.sessions)
+    assert list((folder / "fast").iterdir()) == [cached]
+
+
+def test_a_second_hybrid_generate_on_a_checkpoint_loads_the_graph_cached_beside_it(saved, tmp_path):
+    from hybrid.training.checkpoint import load_for_inference, write_checkpoint
+
+    folder, _, _ = saved
+    checkpoint = write_checkpoint(*load_for_inference(folder), tmp_path / "model.ckpt")
+    # The same weights, so the graph the fixture exported is this checkpoint's: as if a first run made it.
+    shutil.copytree(folder / "fast", tmp_path / "model.ckpt.fast")
+    (tmp_path / "in.txt").write_text("abc\nhij\n")
+    result = subprocess.run([sys.executable, "-m", "hybrid.cli", "generate", f"ckpt_path={checkpoint}",
+                             "input=in.txt", "output=out.txt", "max_new_tokens=8", "optimize=true", "progress=false"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    assert "loaded the fast step from" in result.stderr and "exported the fast step" not in result.stderr
+    assert len((tmp_path / "out.txt").read_text().splitlines()) == 2
+
+
+def test_the_weights_digest_follows_every_weight():
+    model = tiny_model(["lstm"], seed=41)
+    digest = weights_digest(model)
+    assert weights_digest(tiny_model(["lstm"], seed=41)) == digest
+    with torch.no_grad():
+        model.decoder_layers[0].ffn.fc_in.bias[3] += 1e-6
+    assert weights_digest(model) != digest
+    assert graph_key(weights_digest(model), 1, None) != graph_key(digest, 1, None)
+    assert graph_key(digest, 1, None) != graph_key(digest, 1, "int8") != graph_key(digest, 3, None)
+
+
+def test_a_damaged_cached_graph_is_exported_again_never_used(saved, tmp_path, monkeypatch, caplog):
+    folder, src, eager = saved
+    shutil.copytree(folder, tmp_path / "model")
+    [cached] = (tmp_path / "model" / "fast").iterdir()
+    graph = cached.read_bytes()
+    cached.write_bytes(graph[: len(graph) // 2])  # cut short, under the name of the whole graph
+    exports = []
+    # The graph an export would give, without paying for one: what is tested is that it is asked for.
+    monkeypatch.setattr(OnnxStep, "_export", lambda self, key, rules: exports.append(key) or graph)
+    with caplog.at_level(logging.WARNING, logger="hybrid.fast"):
+        model = Seq2Seq.from_pretrained(tmp_path / "model").optimize_for_inference()
+        assert torch.equal(model.generate(src, max_new_tokens=8), eager)
+    assert len(exports) == 1 and not model.fast_step.loaded_from_cache
+    assert "is damaged" in caplog.text
+    assert cached.read_bytes() == graph  # written whole again for the next process
+
+
+def test_a_cache_folder_that_cannot_be_written_only_costs_the_export(saved, tmp_path, monkeypatch, caplog):
+    folder, src, eager = saved
+    [cached] = (folder / "fast").iterdir()
+    monkeypatch.setattr(OnnxStep, "_export", lambda self, key, rules: cached.read_bytes())
+    (tmp_path / "a-file").write_text("")
+    with caplog.at_level(logging.WARNING, logger="hybrid.fast"):
+        model = Seq2Seq.from_pretrained(folder).optimize_for_inference(cache_dir=tmp_path / "a-file")
+        assert torch.equal(model.generate(src, max_new_tokens=8), eager)
+    assert "cannot cache the fast step" in caplog.text
+
+
+def test_a_cache_is_written_beside_a_saved_model_and_nowhere_else(saved, tmp_path):
+    folder, _, _ = saved
+    assert cache_dir_for(folder) == folder / "fast"
+    assert cache_dir_for(tmp_path / "last.ckpt") == tmp_path / "last.ckpt.fast"
+    assert tiny_model(["lstm"]).optimize_for_inference().fast_step.cache_dir is None  # built in Python

@@ -28,7 +28,9 @@ def run_generate(cfg: DictConfig) -> bool:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     model, tokenizer = load_for_inference(cfg.ckpt_path, device)
     if cfg.optimize:
-        model.optimize_for_inference(cfg.quantize)
+        from hybrid.fast import cache_dir_for
+
+        model.optimize_for_inference(cfg.quantize, cache_dir=cache_dir_for(cfg.ckpt_path))
     elif cfg.quantize:
         raise ValueError("quantize needs optimize=true: quantized weights are part of the fast path")
     job = BulkJob(generation=OmegaConf.to_container(cfg.generation, resolve=True), max_tokens=cfg.max_tokens,

@@ -88,7 +88,9 @@ def _evaluate(cfg: DictConfig, verb: str) -> list[dict[str, float]]:
     module = build_module(cfg, trained.config, datamodule)
     module.model.load_state_dict(trained.state_dict)
     if cfg.optimize:
-        module.model.optimize_for_inference(cfg.quantize)
+        from hybrid.fast import cache_dir_for
+
+        module.model.optimize_for_inference(cfg.quantize, cache_dir=cache_dir_for(path))
     elif cfg.quantize:
         raise ValueError("quantize needs optimize=true: quantized weights are part of the fast path")
     trainer = build_trainer(cfg)
