@@ -99,6 +99,10 @@ def run_verb(name: str, overrides: Sequence[str]) -> None:
         from hybrid.cli.generate import qualify_generation_option
 
         overrides = [qualify_generation_option(override) for override in overrides]
+    # An unknown key (a typo) or an unset mandatory one is refused in one line, before any run folder exists.
+    from hybrid.cli.overrides import exit_on_bad_command_line
+
+    exit_on_bad_command_line(name, verb.config, overrides)
     command_line = [sys.argv[0], name, *overrides]
     os.environ["HYBRID_COMMAND"] = name  # hydra.job.name: names the log file and the --help header
     module_name, function_name = verb.entry_point.split(":")
