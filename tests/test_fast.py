@@ -5,11 +5,15 @@ path; int8: judged on quality, the G2P phoneme error rate within half a point of
 graph is cached beside a saved model, so a later process loads it instead of exporting again.
 """
 
+import importlib.metadata
+import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +23,7 @@ from hybrid import Seq2Seq
 from hybrid.fast import OnnxStep, cache_dir_for, graph_key, weights_digest
 from hybrid.generation.bulk import RefillDecoder, Source
 
-pytest.importorskip("onnxruntime")
+ROOT = Path(__file__).resolve().parents[1]
 
 LENGTHS = [6, 2, 4, 5]
 ALPHABET = "abcdefghij"
@@ -235,3 +239,34 @@ def test_a_cache_is_written_beside_a_saved_model_and_nowhere_else(saved, tmp_pat
     assert cache_dir_for(folder) == folder / "fast"
     assert cache_dir_for(tmp_path / "last.ckpt") == tmp_path / "last.ckpt.fast"
     assert tiny_model(["lstm"]).optimize_for_inference().fast_step.cache_dir is None  # built in Python
+
+
+def test_the_readme_fast_path_runs_on_the_default_install_alone(tmp_path):
+    # Run in a fresh process, the README's snippet imports only what `pip install hybrid` brings: the
+    # packages named in pyproject.toml's dependencies and theirs, not the test or bench extras.
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    section = (ROOT / "README.md").read_text().split("### The fast path")[1]
+    snippet = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    report = "import json, sys\nprint(json.dumps(sorted({name.split('.')[0] for name in sys.modules})))\n"
+    result = subprocess.run([sys.executable, "-c", snippet + report], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    imported = json.loads(result.stdout.splitlines()[-1])
+
+    installed, pending = set(), [Requirement(line) for line in
+                                 tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
+    while pending:
+        requirement = pending.pop()
+        name = canonicalize_name(requirement.name)
+        if name in installed or (requirement.marker and not requirement.marker.evaluate({"extra": ""})):
+            continue
+        installed.add(name)
+        pending += map(Requirement, importlib.metadata.requires(requirement.name) or [])
+    providers = importlib.metadata.packages_distributions()
+    extra = {module: providers[module] for module in imported if module in providers and module != "hybrid"
+             and not {canonicalize_name(dist) for dist in providers[module]} & installed}
+    assert not extra, f"the fast path imported packages that only an extra installs: {extra}"
+    assert {"onnxruntime", "onnx", "onnxscript"} <= set(imported)  # it did run the fast path
