@@ -127,12 +127,15 @@ def _is_stdin(path: str | os.PathLike | None) -> bool:
     return path is None or str(path) == "-"
 
 
-def detect_format(path: str | os.PathLike | None, first_line: str, allowed: Sequence[Format] = INPUT_FORMATS) -> Format:
+def detect_format(path: str | os.PathLike | None, first_line: str, allowed: Sequence[Format] = INPUT_FORMATS,
+                  format_key: str = "input_format") -> Format:
     """The format of an input of lines: ``"text"`` (the line is the source), ``"tsv"`` or ``"jsonl"``.
 
     By the name first: ``.jsonl`` or ``.json``, ``.tsv``, ``.txt`` (before any ``.gz``); else by
-    ``first_line``: a JSON object is ``jsonl``, a tab makes it ``tsv``, anything else is ``text``.
-    A format outside ``allowed`` raises ``ValueError`` naming the file and the allowed formats.
+    ``first_line`` (``""`` for an empty input): a JSON object is ``jsonl``, a tab makes it ``tsv``,
+    anything else is ``text``. A format outside ``allowed`` raises ``ValueError`` naming the file, the
+    allowed formats and the key that sets one, ``format_key`` (``input_format`` for ``hybrid generate``,
+    ``data.format`` for training); an empty input that its name does not place says it is empty.
     """
     name = "" if _is_stdin(path) else Path(path).name.lower().removesuffix(".gz")
     if name.endswith((".jsonl", ".json")):
@@ -147,7 +150,9 @@ def detect_format(path: str | os.PathLike | None, first_line: str, allowed: Sequ
         kind = "tsv" if "\t" in first_line else "text"
     if kind not in allowed:
         where = "standard input" if _is_stdin(path) else str(path)
+        if not first_line:
+            raise ValueError(f"{where} is empty: nothing to read")
         raise ValueError(f"{where}: its name and first line say {kind}, but only {' or '.join(allowed)} can be read "
                          f"here: name it {' or '.join('.' + kind for kind in allowed)}, or give "
-                         f"{' or '.join('format=' + kind for kind in allowed)}")
+                         f"{' or '.join(f'{format_key}={kind}' for kind in allowed)}")
     return kind

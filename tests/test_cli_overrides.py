@@ -1,12 +1,23 @@
 """The command line is checked before a verb runs: an unknown key, with or without a plus, and an unset
 mandatory key each end the command in one line that names the key (hybrid.cli.overrides)."""
 
+import ast
+import re
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
 
+from hybrid.cli import VERBS
 from hybrid.cli.overrides import CommandLineError, check_command_line, nearest_keys
+from hybrid.training import LitSeq2Seq
+from hybrid.training.data import read_parallel_file
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(("verb", "config", "arguments", "named"), [
@@ -84,3 +95,48 @@ def test_the_command_ends_in_one_line_and_makes_no_run_folder(tmp_path, argument
     assert result.returncode == 2
     assert result.stderr.startswith(named) and result.stderr.count("\n") == 1, result.stderr
     assert not list(tmp_path.iterdir())
+
+
+def hints() -> list[tuple[str, str]]:
+    """Every dotted ``node.key=`` in a message hybrid raises, logs or prints, with the file it is in."""
+    found = []
+    for path in sorted((ROOT / "hybrid").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            is_message = isinstance(node, ast.Raise) or (isinstance(node, ast.Call) and getattr(
+                node.func, "attr", getattr(node.func, "id", None)) in ("print", "info", "warning", "error"))
+            for part in ast.walk(node) if is_message else ():
+                if isinstance(part, ast.Constant) and isinstance(part.value, str):
+                    found += [(path.name, key) for key in re.findall(r"(?<![\w.])([a-z_]+(?:\.[a-z_]+)+)=", part.value)]
+    return found
+
+
+def test_every_key_a_message_tells_the_user_to_set_is_a_key_of_a_verb():
+    def keys(tree: dict, prefix: str = ""):
+        for name, value in tree.items():
+            yield prefix + name
+            if isinstance(value, dict):
+                yield from keys(value, f"{prefix}{name}.")
+
+    valid = set()
+    with initialize_config_module(config_module="hybrid.configs", version_base="1.3"):
+        for name, overrides in [(verb.config, []) for verb in VERBS.values()] + [("config", ["data=text"])]:
+            valid |= set(keys(OmegaConf.to_container(compose(name, overrides=overrides), resolve=False)))
+    found = hints()
+    assert ("data.py", "data.too_long") in found  # the collector sees messages
+    assert [(file, key) for file, key in found if key not in valid] == []
+
+
+def test_a_parallel_file_of_no_known_format_names_data_format_and_an_empty_one_says_so(tmp_path):
+    (tmp_path / "pairs.csv").write_text("no tab here\n")
+    with pytest.raises(ValueError, match=r"pairs\.csv: .* give data\.format=tsv or data\.format=jsonl$"):
+        read_parallel_file(tmp_path / "pairs.csv")
+    (tmp_path / "empty.csv").write_text("")
+    with pytest.raises(ValueError, match=r"empty\.csv is empty"):
+        read_parallel_file(tmp_path / "empty.csv")
+
+
+def test_a_cosine_schedule_without_a_training_length_names_the_module_and_trainer_keys():
+    module = LitSeq2Seq(dict(vocab_size=8, d_model=8, n_heads=2, d_ff=16, encoder_layers=1, decoder_layers=1))
+    module._trainer = SimpleNamespace(estimated_stepping_batches=float("inf"))  # max_epochs=-1 and no max_steps
+    with pytest.raises(ValueError, match=r"module\.lr_schedule=cosine .* trainer\.max_steps .* module\.lr_schedule="):
+        module.configure_optimizers()

@@ -564,7 +564,7 @@ def _parallel_format(path: str | Path) -> Literal["tsv", "jsonl"]:
     """The format of a parallel-text file by :func:`hybrid.files.detect_format`: its name, else its first line."""
     with open_input(path, encoding=None) as stream:
         first_line = stream.readline().decode("utf-8", errors="replace")
-    return detect_format(path, first_line, allowed=("tsv", "jsonl"))
+    return detect_format(path, first_line, allowed=("tsv", "jsonl"), format_key="data.format")
 
 
 def _parse_line(line: str, format: str) -> Pair | str:

@@ -258,8 +258,8 @@ class LitSeq2Seq(LightningModule):
                           lr=hparams.learning_rate, betas=tuple(hparams.betas))
         total_steps = self.trainer.estimated_stepping_batches
         if hparams.lr_schedule == "cosine" and not math.isfinite(total_steps):
-            raise ValueError("lr_schedule='cosine' needs a finite training length: set trainer.max_steps "
-                             "or trainer.max_epochs, or use lr_schedule='inverse_sqrt'")
+            raise ValueError("module.lr_schedule=cosine needs a finite training length: set trainer.max_steps "
+                             "or trainer.max_epochs, or use module.lr_schedule=inverse_sqrt")
         # A lambda (not a partial): LambdaLR saves no state for plain functions, keeping checkpoints plain data.
         scheduler = LambdaLR(optimizer, lambda step: lr_multiplier(
             step, hparams.lr_schedule, hparams.warmup_steps, total_steps, hparams.min_lr_ratio))
