@@ -8,6 +8,7 @@ makes one for any :class:`Seq2Seq` and a way of driving it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -15,7 +16,7 @@ import logging
 import math
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -197,9 +198,10 @@ def ctranslate2_bart(model: BartForConditionalGeneration, compute_types: list[st
         logger.warning("CTranslate2 does not support compute type %s on %s: no row for it", compute_type, device)
     with tempfile.TemporaryDirectory() as folder:
         original, converted = Path(folder, "transformers"), Path(folder, "ctranslate2")
-        model.save_pretrained(original)
-        _id_tokenizer(model.config).save_pretrained(original)
-        TransformersConverter(str(original)).convert(str(converted))
+        with _no_progress_bars():
+            model.save_pretrained(original)
+            _id_tokenizer(model.config).save_pretrained(original)
+            TransformersConverter(str(original)).convert(str(converted))
         vocabulary = json.loads((converted / "shared_vocabulary.json").read_text())
         translators = {compute_type: ctranslate2.Translator(str(converted), device=device.type, device_index=index,
                                                             compute_type=compute_type, inter_threads=1,
@@ -227,6 +229,21 @@ def ctranslate2_bart(model: BartForConditionalGeneration, compute_types: list[st
                          _cache_bytes(reads), reads, prefill_steps=1)
 
     return [contender(compute_type, translator) for compute_type, translator in translators.items()]
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """transformers draws a progress bar for every save and load (the converter loads the model again);
+    a benchmark's output is its rows."""
+    from transformers.utils import logging as transformers_logging
+
+    enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            transformers_logging.enable_progress_bar()
 
 
 def _cache_bytes(reads: StepReads) -> Callable[[int, int, int], int]:

@@ -45,7 +45,8 @@ def figures(results: dict) -> dict[str, plt.Figure]:
     out = {}
     for name, (x, y, where, xlabel, ylabel, log) in specs.items():
         figure, axis = plt.subplots(figsize=(6.4, 4.4))
-        for model, (xs, ys) in _series(rows, x, y, where).items():
+        lines = _series(rows, x, y, where)
+        for model, (xs, ys) in lines.items():
             axis.plot(xs, ys, marker="o", label=model)
         if log:
             axis.set_xscale("log", base=2)
@@ -54,7 +55,8 @@ def figures(results: dict) -> dict[str, plt.Figure]:
         axis.set_ylabel(ylabel)
         axis.set_title(f"{meta['device_name']} · {meta['dtype']} · {meta['threads']} threads", fontsize=9)
         axis.grid(True, which="both", alpha=0.3)
-        axis.legend(fontsize=8)
+        if lines:  # a grid without two cells along this axis draws no line, and an empty legend only warns
+            axis.legend(fontsize=8)
         figure.tight_layout()
         out[name] = figure
     return out

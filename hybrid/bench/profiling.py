@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -50,6 +51,10 @@ def profile_decoding(model, src: torch.Tensor, position: int, steps: int = 32) -
     The state is filled up to ``position`` first, so a KV cache is as long as it would be
     at that point of a real decode.
     """
+    # Kineto, the profiler's tracer, prints "profiler_start" and "profiler_stop" lines to stderr at its USDT
+    # level, which ranks above its errors, so only a log level above both keeps a profile quiet. It reads
+    # the level once, when the process's first profile starts; a level the user set is kept.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if src.is_cuda else [])
     state = model.start(src, max_steps=position + steps)
     tokens = torch.full((src.shape[0],), model.config.bos_id, dtype=torch.long, device=src.device)

@@ -1,10 +1,12 @@
 """`hybrid bench` smoke test on a tiny grid, and the benchmark notebook executed on its results."""
 
+import io
 import json
 import math
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,8 @@ from conftest import execute_notebook
 from hybrid import MIXERS
 from hybrid.bench.contenders import Contender, bart_model, hugging_face_bart, mixer_row
 from hybrid.bench.floor import StepReads
-from hybrid.bench.runner import _summarise, headline, measure_cell
+from hybrid.bench.plots import figures
+from hybrid.bench.runner import _summarise, floor_note, headline, measure_cell, print_table
 
 ROOT = Path(__file__).resolve().parents[2]
 NUMBERS = ["ms_per_token", "ms_per_token_min", "ms_per_token_max", "tokens_per_s", "prefill_ms", "step_bytes",
@@ -24,15 +27,19 @@ NUMBERS = ["ms_per_token", "ms_per_token_min", "ms_per_token_max", "tokens_per_s
 @pytest.fixture(scope="module")
 def tiny_results(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("bench")
-    subprocess.run([sys.executable, "-m", "hybrid.cli", "bench", "bench=tiny", f"output_dir={directory}",
-                    "huggingface_bart=false", "memory_budget_gb=0.001"], check=True, cwd=directory)
+    # Piped, as in a log file: what the command prints is kept for the test of its noise.
+    run = subprocess.run([sys.executable, "-m", "hybrid.cli", "bench", "bench=tiny", f"output_dir={directory}",
+                          "huggingface_bart=false", "memory_budget_gb=0.001"], cwd=directory, capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stderr
+    (directory / "console.txt").write_text(run.stdout + run.stderr)
     return directory
 
 
 def test_results_file_schema_and_values(tiny_results):
     results = json.loads((tiny_results / "results.json").read_text())
     for key in ("device", "device_name", "dtype", "torch", "threads", "git_commit", "date", "source_length",
-                "seed", "memory_bandwidth_gb_s", "model"):
+                "seed", "memory_bandwidth_gb_s", "last_level_cache_bytes", "model"):
         assert key in results["meta"], key
     models = {row["model"] for row in results["rows"]}
     assert {"attention+kv-cache", "attention-no-cache", "lstm", "lstm-param-matched"} <= models
@@ -192,3 +199,55 @@ def test_headline_holds_every_measured_constant_state_mixer_to_the_same_targets(
     assert targets[f"{measured[0]} vs KV-cached attention, batch 1 x 4096"]["measured"] == pytest.approx(1.5)
     fast = targets[f"{measured[1]} fast path ms/token as a multiple of CTranslate2 fp32's, 1 x 256"]
     assert fast["measured"] == pytest.approx(0.5) and fast["met"] is True
+
+
+def test_a_smoke_run_prints_its_rows_and_no_noise(tiny_results):
+    console = (tiny_results / "console.txt").read_text()
+    for noise in ("profiler_start", "USDT", "No artists with labels", "Writing model shards", "Loading weights"):
+        assert noise not in console, noise
+    table = [line for line in console.splitlines() if line.startswith("│")]
+    assert table and not any("…" in line for line in table)  # not cut to 80 columns in a pipe
+    models = {row["model"] for row in json.loads((tiny_results / "results.json").read_text())["rows"]}
+    assert models == {line.split("│")[1].strip() for line in table} - {"model"}
+    # A tiny model's step fits in any cache: the floor is no bound there, and no verdict is given.
+    assert "multiple of its floor" not in console and "no floor verdict" in console
+
+
+def floor_results(step_bytes: int) -> dict:
+    row = {"model": "lstm+fast", "batch": 1, "new_tokens": 256, "sweep": "grid", "ms_per_token": 1.0,
+           "ms_per_token_min": 0.9, "ms_per_token_max": 1.1, "tokens_per_s": 1000.0, "prefill_ms": 1.0,
+           "state_bytes": 1024, "parameters": 123_456, "step_bytes": step_bytes, "floor_ms_per_token": 0.25,
+           "x_floor": 4.0}
+    meta = {"device_name": "a CPU", "dtype": "float32", "threads": 1, "memory_bandwidth_gb_s": 10.0,
+            "last_level_cache_bytes": 32 * 2**20}
+    return {"meta": meta, "rows": [row, dict(row, model="lstm", step_bytes=step_bytes)]}
+
+
+def test_the_floor_is_judged_only_for_steps_that_must_read_memory():
+    large, small = floor_results(step_bytes=64 * 2**20), floor_results(step_bytes=2**20)
+    verdicts = {check["target"]: check for check in headline(large)}
+    assert verdicts["every fast row at batch 1, worst multiple of its floor"]["met"] is False  # 4x > 3x
+    assert floor_note(large) is None
+    assert not any("floor" in check["target"] for check in headline(small))
+    assert "fits in the 32 MiB last-level cache" in floor_note(small)
+
+
+def test_the_table_is_never_cut():
+    from rich.console import Console
+
+    results = floor_results(step_bytes=2**20)
+    narrow, pipe = io.StringIO(), io.StringIO()
+    print_table(results, Console(file=narrow, width=60, force_terminal=True, color_system=None))
+    assert "…" not in narrow.getvalue()  # the cells wrap inside the terminal's width
+    assert max(map(len, narrow.getvalue().splitlines())) <= 60
+    print_table(results, Console(file=pipe, width=60))  # a pipe or a file: no width to fit
+    assert "…" not in pipe.getvalue() and "123,456" in pipe.getvalue() and "lstm+fast" in pipe.getvalue()
+
+
+def test_plots_of_a_grid_with_lines_missing_do_not_warn():
+    rows = [dict(floor_results(step_bytes=2**20)["rows"][0], new_tokens=tokens) for tokens in (16, 48)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "No artists with labels found to put in legend"
+        drawn = figures({"meta": floor_results(1)["meta"], "rows": rows})
+    assert drawn["ms_per_token"].axes[0].get_legend() is not None  # the one plot with a line keeps its legend
+    assert drawn["throughput"].axes[0].get_legend() is None
