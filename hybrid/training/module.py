@@ -2,16 +2,18 @@
 
 The network is a plain :class:`hybrid.Seq2Seq` held in ``self.model``; this wrapper adds the
 loss, the optimiser and its schedule, and the metrics. Every stage shares ``_common_step``:
-teacher-forced, label-smoothed cross-entropy plus token accuracy and perplexity. Validation and
-test also greedy-decode their first ``decode_batches`` batches and score the text against the
-references with the task's own sequence metrics. A checkpoint carries the model config and the
-tokenizer as plain data, so it loads with ``torch.load(..., weights_only=True)`` and exports to
-a folder that needs neither Lightning nor Hydra (see :mod:`hybrid.training.checkpoint`).
+teacher-forced, label-smoothed cross-entropy plus token accuracy and perplexity. Validation
+greedy-decodes its first ``decode_batches`` batches (a subset, for speed), test its whole split, and
+both score the text against the references with the task's own sequence metrics. A checkpoint
+carries the model config and the tokenizer as plain data, so it loads with
+``torch.load(..., weights_only=True)`` and exports to a folder that needs neither Lightning nor
+Hydra (see :mod:`hybrid.training.checkpoint`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -22,7 +24,7 @@ from lightning import LightningDataModule, LightningModule
 from torch import Tensor, nn
 from torch.optim import AdamW
 from torch.optim.lr_scheduler import LambdaLR
-from torchmetrics import MeanMetric, Metric
+from torchmetrics import MeanMetric, Metric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import CharErrorRate, CHRFScore, Perplexity, SacreBLEUScore, WordErrorRate
 
@@ -33,6 +35,8 @@ from hybrid.training.tokenizer import Seq2SeqTokenizer
 
 STAGES = ("train", "val", "test")
 LR_SCHEDULES = ("cosine", "inverse_sqrt", "constant")
+
+logger = logging.getLogger(__name__)
 
 
 class ExactMatch(Metric):
@@ -122,6 +126,15 @@ def lr_multiplier(step: int, schedule: str, warmup_steps: int, total_steps: floa
     raise ValueError(f"unknown lr_schedule {schedule!r}; expected one of {LR_SCHEDULES}")
 
 
+def capped_warmup_steps(warmup_steps: int, planned_steps: float, max_fraction: float | None) -> int:
+    """``warmup_steps``, or ``max_fraction`` of the planned steps (rounded up) when that is fewer: a warm-up
+    longer than the run would leave the learning rate short of its peak and the schedule never begun.
+    ``max_fraction`` None, or an unknown length (``planned_steps`` infinite), leaves it as it is."""
+    if max_fraction is None or not math.isfinite(planned_steps):
+        return warmup_steps
+    return min(warmup_steps, math.ceil(max_fraction * planned_steps))
+
+
 class LitSeq2Seq(LightningModule):
     """Trains a :class:`hybrid.Seq2Seq` built from ``model_config`` (a ``ModelConfig.to_dict()``).
 
@@ -133,8 +146,11 @@ class LitSeq2Seq(LightningModule):
     target token), ``{stage}/accuracy`` (next-token, padding ignored) and ``{stage}/perplexity``
     (from the unsmoothed cross-entropy); at validation and test also ``{stage}/<metric>`` for each
     name in ``metrics`` (keys of :data:`SEQUENCE_METRICS`), over the greedy decoding of the first
-    ``decode_batches`` batches (None: all) with at most ``max_new_tokens`` new tokens (None: twice
-    the longest source plus 10). ``seed`` (None: torch's current one; a checkpoint keeps it) seeds
+    ``decode_batches`` validation batches (None: all) and of every test batch, with at most
+    ``max_new_tokens`` new tokens (None: twice the longest source plus 10), and how many examples
+    those scores and the loss cover (``{stage}/decoded_examples``, ``{stage}/examples``). The warm-up
+    lasts ``warmup_steps``, at most ``max_warmup_fraction`` of the planned steps (None: no cap; see
+    :func:`capped_warmup_steps`). ``seed`` (None: torch's current one; a checkpoint keeps it) seeds
     each training batch's dropout together with the batch's step, so a resumed run is bit-identical
     to an uninterrupted one.
     """
@@ -147,6 +163,7 @@ class LitSeq2Seq(LightningModule):
         weight_decay: float = 0.01,
         betas: Sequence[float] = (0.9, 0.98),
         warmup_steps: int = 500,
+        max_warmup_fraction: float | None = 0.2,
         lr_schedule: str = "cosine",
         min_lr_ratio: float = 0.1,
         label_smoothing: float = 0.1,
@@ -163,6 +180,8 @@ class LitSeq2Seq(LightningModule):
             raise ValueError(f"unknown sequence metrics {unknown}; allowed: {sorted(SEQUENCE_METRICS)}")
         if decode_batches is not None and decode_batches < 0:
             raise ValueError(f"decode_batches must be >= 0 or None (all), got {decode_batches}")
+        if max_warmup_fraction is not None and not 0 < max_warmup_fraction <= 1:
+            raise ValueError(f"max_warmup_fraction must be in (0, 1] or None (no cap), got {max_warmup_fraction}")
         # The tokenizer is kept out of the hyperparameters (loggers would print its whole vocabulary);
         # on_save_checkpoint stores it instead.
         # Not a hyperparameter: Lightning merges those with the data module's, which has a seed of its
@@ -183,6 +202,9 @@ class LitSeq2Seq(LightningModule):
         self.sequence_metric_names = list(metrics)
         self.sequence_metrics = nn.ModuleDict(
             {f"{stage}_{name}": SEQUENCE_METRICS[name]() for stage in ("val", "test") for name in metrics})
+        # How many examples the loss and the sequence metrics cover, so that a score of a subset says so.
+        self.example_counts = nn.ModuleDict({f"{stage}_{count}": SumMetric() for stage in ("val", "test")
+                                             for count in ("examples", "decoded_examples")})
 
     # ----- steps ---------------------------------------------------------------------
 
@@ -217,19 +239,31 @@ class LitSeq2Seq(LightningModule):
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._common_step(batch, "val")
-        self._score_decoding(batch, batch_idx, "val")
+        limit = self.hparams.decode_batches
+        # A subset, for speed: val/decoded_examples says how many of val/examples the sequence metrics cover.
+        self._score_decoding(batch, "val", decode=limit is None or batch_idx < limit)
 
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._common_step(batch, "test")
-        self._score_decoding(batch, batch_idx, "test")
+        self._score_decoding(batch, "test", decode=True)  # always the whole split: a test figure is the test set's
 
-    def _score_decoding(self, batch: dict[str, Any], batch_idx: int, stage: str) -> None:
-        limit = self.hparams.decode_batches
-        if not self.sequence_metric_names or (limit is not None and batch_idx >= limit):
+    def _count(self, stage: str, name: str, examples: int) -> None:
+        counter = self.example_counts[f"{stage}_{name}"]
+        counter.update(examples)
+        self.log(f"{stage}/{name}", counter, on_step=False, on_epoch=True)
+
+    def _score_decoding(self, batch: dict[str, Any], stage: str, decode: bool) -> None:
+        """Count the batch's examples and, if ``decode``, greedy-decode them and update the sequence metrics."""
+        examples = len(batch["src_ids"])
+        self._count(stage, "examples", examples)
+        if not self.sequence_metric_names:
+            return
+        self._count(stage, "decoded_examples", examples if decode else 0)
+        if not decode:
             return
         if self.tokenizer is None:
             raise RuntimeError("LitSeq2Seq needs a tokenizer to score decoded text: pass tokenizer=..., "
-                               "or set decode_batches=0")
+                               "or set metrics=[]")
         predictions = self.tokenizer.batch_decode(self.decode(batch["src_ids"], batch["src_mask"]))
         every_reference = batch["tgt_references"]
         closest = [closest_reference(prediction, references)
@@ -256,13 +290,19 @@ class LitSeq2Seq(LightningModule):
         optimizer = AdamW([{"params": decayed, "weight_decay": hparams.weight_decay},
                            {"params": undecayed, "weight_decay": 0.0}],
                           lr=hparams.learning_rate, betas=tuple(hparams.betas))
+        # The planned steps follow from the config and the data alone (never from a resume's starting
+        # point), so a resumed run rebuilds the very schedule it was saved with.
         total_steps = self.trainer.estimated_stepping_batches
         if hparams.lr_schedule == "cosine" and not math.isfinite(total_steps):
             raise ValueError("module.lr_schedule=cosine needs a finite training length: set trainer.max_steps "
                              "or trainer.max_epochs, or use module.lr_schedule=inverse_sqrt")
+        warmup_steps = capped_warmup_steps(hparams.warmup_steps, total_steps, hparams.max_warmup_fraction)
+        if warmup_steps < hparams.warmup_steps and self.trainer.is_global_zero:
+            logger.info("warm-up: %d steps, not module.warmup_steps=%d: module.max_warmup_fraction=%g of the %d "
+                        "planned steps", warmup_steps, hparams.warmup_steps, hparams.max_warmup_fraction, total_steps)
         # A lambda (not a partial): LambdaLR saves no state for plain functions, keeping checkpoints plain data.
         scheduler = LambdaLR(optimizer, lambda step: lr_multiplier(
-            step, hparams.lr_schedule, hparams.warmup_steps, total_steps, hparams.min_lr_ratio))
+            step, hparams.lr_schedule, warmup_steps, total_steps, hparams.min_lr_ratio))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ----- checkpoints ---------------------------------------------------------------

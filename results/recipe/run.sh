@@ -38,11 +38,13 @@ g2p_arms=(
     # What the arms above pointed at: the equal-width LSTM with its output projection (today's default).
     "recipe_g2p_lstm_projected experiment=ablate_g2p_lstm"
 )
-# The copy budget: 1500 steps, validation every 250, the test on 500 unseen sources of 1-16 letters.
+# The copy budget: 1500 steps, validation every 250, the test on 500 unseen sources of 1-16 letters; the
+# 500-step warm-up the committed runs had, a third of the budget (above module.max_warmup_fraction's cap).
 copy_budget=(trainer.max_epochs=-1 trainer.max_steps=1500 trainer.check_val_every_n_epoch=null
              trainer.val_check_interval=250 trainer.num_sanity_val_steps=0 trainer.enable_progress_bar=false
              callbacks.progress_bar=null callbacks.early_stopping=null module.decode_batches=null
-             +callbacks.training_clock._target_=hybrid.ablation.TrainingClock test_after_fit=true)
+             +callbacks.training_clock._target_=hybrid.ablation.TrainingClock test_after_fit=true
+             module.max_warmup_fraction=null)
 copy_arms=(
     "recipe_copy_lstm experiment=copy_hybrid"
     "recipe_copy_lstm_no_source_eos experiment=copy_hybrid data.source_eos=false"

@@ -15,6 +15,7 @@ from hybrid.training.module import (
     SEQUENCE_METRICS,
     ExactMatch,
     SequenceErrorRate,
+    capped_warmup_steps,
     closest_reference,
     default_sequence_metrics,
     lr_multiplier,
@@ -53,6 +54,22 @@ def test_warmup_is_linear_then_each_schedule_takes_over():
     assert lr_multiplier(10**6, "constant", 10, math.inf, 0.1) == 1.0
     with pytest.raises(ValueError, match="lr_schedule"):
         lr_multiplier(50, "linear", 10, 100, 0.0)
+
+
+def test_warmup_is_capped_at_a_fraction_of_the_planned_steps():
+    assert capped_warmup_steps(500, 129, 0.2) == 26  # rounded up
+    assert capped_warmup_steps(500, 10_000, 0.2) == 500  # a long run keeps its warm-up
+    assert capped_warmup_steps(500, 129, None) == 500
+    assert capped_warmup_steps(500, math.inf, 0.2) == 500  # no planned length to take a fraction of
+
+
+def test_a_warmup_longer_than_the_run_is_capped_so_the_peak_is_reached(tmp_path):
+    # 10 planned steps against 500 of warm-up: capped at 2, the rate is at its peak from the third step on.
+    datamodule = _datamodule()
+    module = _module(datamodule, learning_rate=1e-2, warmup_steps=500, lr_schedule="constant", decode_batches=0)
+    trainer = _trainer(tmp_path, max_steps=10, limit_val_batches=0)
+    trainer.fit(module, datamodule=datamodule)
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(1e-2)
 
 
 def test_optimizer_steps_the_schedule_and_decays_only_matrices(tmp_path):
@@ -119,7 +136,7 @@ def test_a_prediction_matching_any_reference_is_no_error():
     batch["tgt_references"] = [[target, prediction]
                                for target, prediction in zip(batch["tgt_text"], predictions, strict=True)]
     with torch.no_grad(), pytest.warns(UserWarning, match="self.log"):
-        module._score_decoding(batch, 0, "test")
+        module._score_decoding(batch, "test", decode=True)
     assert module.sequence_metrics["test_exact_match"].compute().item() == 1.0
     assert module.sequence_metrics["test_per"].compute().item() == 0.0
     assert module.sequence_metrics["test_wer"].compute().item() == 0.0
@@ -135,13 +152,14 @@ def test_each_task_gets_its_own_metrics(tmp_path):
 
 @pytest.mark.parametrize("option, match", [(dict(metrics=["bleu", "rouge"]), "rouge"),
                                            (dict(lr_schedule="linear"), "lr_schedule"),
-                                           (dict(decode_batches=-1), "decode_batches")])
+                                           (dict(decode_batches=-1), "decode_batches"),
+                                           (dict(max_warmup_fraction=0.0), "max_warmup_fraction")])
 def test_bad_options_are_refused(option, match):
     with pytest.raises(ValueError, match=match):
         _module(_datamodule(), **option)
 
 
-def test_fit_logs_every_metric_and_decodes_only_the_first_batches(tmp_path, monkeypatch):
+def test_validation_decodes_its_first_batches_and_says_how_many_and_test_decodes_every_batch(tmp_path, monkeypatch):
     datamodule = _datamodule()
     module = _module(datamodule, decode_batches=2, warmup_steps=2)
     decoded = []
@@ -150,13 +168,18 @@ def test_fit_logs_every_metric_and_decodes_only_the_first_batches(tmp_path, monk
     trainer = _trainer(tmp_path, max_epochs=1, limit_train_batches=2, num_sanity_val_steps=0)
     trainer.fit(module, datamodule=datamodule)
     assert decoded == [8, 8]  # 3 validation batches, the first 2 decoded
-    logged = set(trainer.callback_metrics)
+    logged = trainer.callback_metrics
     for stage in ("train", "val"):
         assert {f"{stage}/loss", f"{stage}/accuracy", f"{stage}/perplexity"} <= {k.removesuffix("_epoch")
                                                                                   for k in logged}
-    assert {"val/exact_match", "val/cer"} <= logged
+    assert {"val/exact_match", "val/cer"} <= set(logged)
+    assert (logged["val/decoded_examples"], logged["val/examples"]) == (16, 24)
+
+    decoded.clear()
     test_metrics = trainer.test(module, datamodule=datamodule, verbose=False)[0]
+    assert decoded == [8, 8, 8]  # the whole test split, whatever decode_batches says
     assert {"test/loss", "test/accuracy", "test/perplexity", "test/exact_match", "test/cer"} <= set(test_metrics)
+    assert test_metrics["test/decoded_examples"] == test_metrics["test/examples"] == 24
 
 
 def test_validation_decoding_never_asks_for_more_than_max_positions():
