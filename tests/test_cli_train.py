@@ -3,13 +3,14 @@
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import decode_alone
+from conftest import compose_config, decode_alone
 from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 
@@ -17,6 +18,7 @@ from hybrid import Seq2Seq
 from hybrid.cli.generate import qualify_generation_option
 from hybrid.cli.train import run_fit
 from hybrid.training import Seq2SeqTokenizer
+from hybrid.training.callbacks import stop_reason
 from hybrid.training.checkpoint import load_for_inference
 
 # A model and data small enough that a run is mostly the interpreter starting: 4 steps per epoch.
@@ -75,6 +77,9 @@ def test_test_command_scores_a_checkpoint(first_run):
     checkpoint = first_run / "checkpoints" / "last.ckpt"
     result = hybrid("test", *TINY, f"ckpt_path={checkpoint}", "print_examples=2", cwd=first_run)
     assert "test/exact_match" in result.stdout and "test/cer" in result.stdout
+    (run,) = (first_run / "outputs" / "copy_hybrid").iterdir()  # the test's own run folder
+    assert f"scoring {checkpoint} on the test split; run folder: {run}" in result.stderr
+    assert f"metrics written to {run / 'csv'}" in result.stderr
     assert "ms per generated token" in result.stdout
 
 
@@ -226,3 +231,104 @@ def test_a_training_file_with_nothing_usable_is_one_error_naming_it(tmp_path, fu
     assert ("Traceback" in result.stderr) == full_error  # HYDRA_FULL_ERROR=1 keeps the trace
     if not full_error:
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+# ----- training defaults that hold on a long fit ---------------------------------------------------------------
+
+TERMINATING_CHILD = '''
+import os, signal, sys
+from lightning.pytorch.callbacks import Callback
+
+class TerminateAt(Callback):
+    """SIGTERM to itself at the end of step `step`, as a scheduler preempting the job would send."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+from hybrid.cli import main
+main(sys.argv[1:])
+'''
+
+
+def test_sigterm_saves_last_ckpt_says_how_to_resume_and_exits_143(first_run, tmp_path):
+    # Step 2 of a 4-step epoch: before the first validation, when no other checkpoint exists yet.
+    (tmp_path / "child.py").write_text(TERMINATING_CHILD)
+    child = subprocess.run([sys.executable, "child.py", "fit", *TINY, "trainer.max_epochs=1",
+                            "+callbacks.terminate._target_=__main__.TerminateAt", "+callbacks.terminate.step=2"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert child.returncode == 143, child.stderr[-3000:]
+    (stopped,) = run_folders(tmp_path)
+    saved = stopped / "checkpoints" / "last.ckpt"
+    assert torch.load(saved, weights_only=True)["global_step"] == 2
+    assert f"SIGTERM: saved {saved} at step 2; resume with `hybrid fit ... ckpt_path=last`" in child.stderr
+    assert "hybrid fit: stopped by SIGTERM, exit status 143" in child.stderr
+
+    result = hybrid("fit", *TINY, "trainer.max_epochs=1", "ckpt_path=last", cwd=tmp_path)
+    assert "from step 2" in result.stderr
+    (resumed,) = [folder for folder in run_folders(tmp_path) if folder != stopped]
+    expected = torch.load(first_run / "checkpoints" / "last.ckpt", weights_only=True)  # the same fit, never stopped
+    actual = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)
+    assert actual["global_step"] == expected["global_step"] == 4
+    assert all(torch.equal(tensor, actual["state_dict"][name]) for name, tensor in expected["state_dict"].items())
+
+
+def test_a_fit_logging_to_a_file_shows_progress_validations_its_run_folder_and_checkpoints(tmp_path):
+    # The default Rich progress bar is on, and draws nothing here: the output is captured, not a terminal.
+    with_bar = [arg for arg in TINY if arg not in ("callbacks.progress_bar=null", "trainer.enable_progress_bar=false")]
+    result = hybrid("fit", *with_bar, "trainer.max_epochs=2", "data.val_size=32", "module.decode_batches=1",
+                    "callbacks.console_report.every_seconds=0", "test_after_fit=true", cwd=tmp_path)
+    (run,) = run_folders(tmp_path)
+    console = result.stderr
+    assert f"run folder: {run}" in console
+    line = r"step (\d) of 8 \(epoch \d\.\d\d\): loss \d\.\d{4}, [\d,]+ target tokens/s, \d:\d\d:\d\d left"
+    progress = re.findall(line, console)
+    assert progress == [str(step) for step in range(1, 9)]  # every_seconds=0: a line a step
+    assert ("validation at step 4: val/accuracy" in console
+            and "(sequence metrics on the first 16 of 32 examples: module.decode_batches=1)" in console)
+    assert "the fit stopped at step 8 (epoch 2.00): trainer.max_epochs=2 reached" in console
+    assert f"last checkpoint: {run / 'checkpoints' / 'last.ckpt'} (step 8)" in console
+    best = run / "checkpoints" / "epoch001-step8.ckpt"
+    assert re.search(rf"best checkpoint by val/loss \(\d\.\d{{4}}\): {re.escape(str(best))}", console)
+    assert f"testing {best}" in console and f"metrics written to {run / 'csv'}" in console
+    with open(run / "csv" / "metrics.csv") as file:
+        rows = list(csv.DictReader(file))
+    assert [float(row["val/decoded_examples"]) for row in rows if row.get("val/decoded_examples")] == [16.0, 16.0]
+    # The test split is decoded whole, whatever decode_batches says for validation.
+    assert [float(row["test/decoded_examples"]) for row in rows if row.get("test/decoded_examples")] == [16.0]
+
+
+def test_max_time_ends_a_fit_inside_its_first_epoch_with_a_validated_checkpoint(tmp_path):
+    # An epoch of 250 steps, far longer than the 1-second budget: no min_epochs may keep it going.
+    cfg = compose_config([*TINY, "data.train_size=4000", "trainer.max_epochs=30", 'trainer.max_time="00:00:00:01"'],
+                         tmp_path)
+    trainer = run_fit(cfg)
+    assert 0 < trainer.global_step < 250
+    assert stop_reason(trainer) == "trainer.max_time=0:00:01 reached"
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == trainer.global_step  # validated at the stop, and saved
+    assert "val/loss" in trainer.callback_metrics
+
+
+@pytest.mark.parametrize("every_n_steps, validated_at", [(4, [4, 8]), (3, [3, 6, 8])])
+def test_validation_runs_every_n_steps_in_an_epoch_longer_than_n_and_at_the_end(tmp_path, every_n_steps,
+                                                                              validated_at):
+    # 4-step epochs: an epoch of at most N steps validates at its end; a longer one at every N-th step, then the last.
+    cfg = compose_config([*TINY, "trainer.max_epochs=2", f"callbacks.validation_cadence.every_n_steps={every_n_steps}"],
+                         tmp_path)
+    trainer = run_fit(cfg)
+    with open(tmp_path / "csv" / "metrics.csv") as file:
+        steps = [int(row["step"]) + 1 for row in csv.DictReader(file) if row.get("val/loss")]  # logged at step - 1
+    assert steps == validated_at
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == trainer.global_step
+
+
+def test_last_ckpt_is_also_written_every_few_minutes_of_training(tmp_path):
+    # 3 steps of a 4-step epoch and no validation: only the timed checkpoint (every 0 minutes here) writes last.ckpt.
+    cfg = compose_config([*TINY, "trainer.max_steps=3", "callbacks.last_checkpoint=null",
+                          "callbacks.timed_checkpoint.train_time_interval.minutes=0"], tmp_path)
+    run_fit(cfg)
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3

@@ -97,7 +97,8 @@ def test_every_logger_and_callback_instantiates(option, tmp_path):
     trainer = build_trainer(compose_config([f"logger={option}", "trainer.accelerator=cpu"], tmp_path))
     assert trainer.loggers
     names = {type(callback).__name__ for callback in trainer.callbacks}
-    assert {"ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "RichProgressBar"} <= names
+    assert {"ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "RichProgressBar", "ValidationCadence",
+            "CheckpointOnSigterm", "ConsoleReport"} <= names
 
 
 @pytest.mark.parametrize("option", options("generation"))

@@ -7,6 +7,8 @@ and hands them to Lightning, which is imported when one of these verbs runs (:fu
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -32,7 +34,8 @@ def run_fit(cfg: DictConfig) -> Trainer:
     ``ckpt_path`` resumes a run (``"last"``: this run name's newest ``last.ckpt``); ``init_from``
     starts from a checkpoint's weights with a fresh optimiser. Either way the checkpoint's model
     config and vocabulary are used, so the weights fit. Then, if asked, tests the best checkpoint
-    (``test_after_fit``) and prints example predictions (``print_examples``).
+    (``test_after_fit``) and prints example predictions (``print_examples``). The console names the run
+    folder at the start and the checkpoints at the end; a SIGTERM ends the process with status 143.
     """
     lightning = _import_lightning()
     if cfg.ckpt_path and cfg.init_from:
@@ -53,12 +56,22 @@ def run_fit(cfg: DictConfig) -> Trainer:
     if cfg.init_from:
         module.model.load_state_dict(trained.state_dict)
     trainer = build_trainer(cfg)
+    if trainer.is_global_zero:
+        logger.info("run folder: %s", cfg.paths.output_dir)
     if resume_from:
         logger.info("resuming %s from step %d", resume_from, trained.global_step)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+    with _exit_on_sigterm("fit"):
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+    if trainer.is_global_zero:
+        _report_checkpoints(trainer)
     if cfg.test_after_fit:
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-        trainer.test(module, datamodule=datamodule, ckpt_path=best or None)
+        if trainer.is_global_zero:
+            logger.info("testing %s", best or "the weights the fit ended with (no best checkpoint)")
+        with _exit_on_sigterm("fit"):
+            trainer.test(module, datamodule=datamodule, ckpt_path=best or None)
+        if trainer.is_global_zero:
+            _report_results(trainer)
     if cfg.print_examples and trainer.is_global_zero:
         print_examples(module.model, datamodule, cfg.print_examples)
     return trainer
@@ -94,10 +107,55 @@ def _evaluate(cfg: DictConfig, verb: str) -> list[dict[str, float]]:
     elif cfg.quantize:
         raise ValueError("quantize needs optimize=true: quantized weights are part of the fast path")
     trainer = build_trainer(cfg)
-    results = getattr(trainer, verb)(module, datamodule=datamodule)
+    split = "test" if verb == "test" else "validation"
+    if trainer.is_global_zero:
+        logger.info("scoring %s on the %s split; run folder: %s", path, split, cfg.paths.output_dir)
+    with _exit_on_sigterm(verb):
+        results = getattr(trainer, verb)(module, datamodule=datamodule)
+    if trainer.is_global_zero:
+        _report_results(trainer)
     if cfg.print_examples and trainer.is_global_zero:
         print_examples(module.model, datamodule, cfg.print_examples)
     return results
+
+
+@contextmanager
+def _exit_on_sigterm(verb: str) -> Iterator[None]:
+    """Turn Lightning's stop on SIGTERM, a SystemExit with status 0, into exit status 143 and a line that says
+    so: a preempted job must not be reported a success."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from hybrid.training.callbacks import SIGTERM_EXIT_STATUS
+
+    try:
+        yield
+    except SIGTERMException:
+        logger.warning("hybrid %s: stopped by SIGTERM, exit status %d", verb, SIGTERM_EXIT_STATUS)
+        raise SystemExit(SIGTERM_EXIT_STATUS) from None
+
+
+def _report_checkpoints(trainer: Trainer) -> None:
+    """Name last.ckpt and the best checkpoint (with its score), the files a user resumes, tests or exports."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    saved = [callback for callback in trainer.checkpoint_callbacks
+             if isinstance(callback, ModelCheckpoint) and callback.best_model_path]
+    # A checkpoint without a metric keeps only its newest file, last.ckpt.
+    last = {callback.best_model_path for callback in saved if callback.monitor is None}
+    for path in sorted(last):
+        logger.info("last checkpoint: %s (step %s)", path, f"{trainer.global_step:,}")
+    for callback in saved:
+        if callback.monitor is not None:
+            logger.info("best checkpoint by %s (%.4f): %s", callback.monitor, float(callback.best_model_score),
+                        callback.best_model_path)
+    if not saved:
+        logger.info("no checkpoint written")
+
+
+def _report_results(trainer: Trainer) -> None:
+    folders = [logger_.log_dir for logger_ in trainer.loggers if getattr(logger_, "log_dir", None)]
+    if folders:
+        logger.info("metrics written to %s", ", ".join(folders))
 
 
 def _fit_to_model(datamodule: Seq2SeqDataModule, config: ModelConfig) -> None:
