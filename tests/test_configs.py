@@ -20,6 +20,7 @@ from hybrid.cli.train import run_fit
 from hybrid.generation.config import GenerationConfig
 from hybrid.training import G2PDataModule, SyntheticDataModule
 from hybrid.training.builders import build_trainer, model_config_from
+from hybrid.training.callbacks import stop_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = importlib.resources.files("hybrid.configs")
@@ -139,7 +140,7 @@ def test_every_experiment_runs_with_fast_dev_run(experiment, tmp_path):
     assert cfg.name == experiment
     shrink_data(cfg)
     trainer = run_fit(cfg)
-    assert trainer.state.finished and trainer.global_step == 1
+    assert trainer.state.finished and trainer.global_step == 1 and stop_reason(trainer) == "trainer.fast_dev_run"
     assert isinstance(trainer.datamodule, (G2PDataModule, SyntheticDataModule))
 
 

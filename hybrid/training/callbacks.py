@@ -191,12 +191,12 @@ def stop_reason(trainer: Trainer) -> str:
             return callback.stopping_reason_message or f"early stopping on {callback.monitor}"
     if _max_time_is_up(trainer):
         return _max_time_reached(trainer)
+    if trainer.fast_dev_run:  # before max_steps, which it sets
+        return "trainer.fast_dev_run"
     if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
         return f"trainer.max_steps={trainer.max_steps} reached"
     if trainer.max_epochs not in (None, -1) and trainer.current_epoch >= trainer.max_epochs:
         return f"trainer.max_epochs={trainer.max_epochs} reached"
-    if trainer.fast_dev_run:
-        return "trainer.fast_dev_run"
     return "a callback asked it to stop (trainer.should_stop)"
 
 
