@@ -144,12 +144,15 @@ def _sample(run: _Run, session) -> GenerateOutput:
     logprob_sums = torch.zeros(rows_total, device=device)
     all_logprobs = torch.zeros(rows_total, device=device)
     step_scores: list[Tensor] = []
-    last_step = 0
+    # Columns up to the last one that some row generated: the width of the output. Counted, not found by
+    # trimming trailing padding, because a user's SuppressTokensLogitsProcessor may let a row generate padding.
+    width = torch.zeros((), dtype=torch.long, device=device)
     for step in range(run.total_steps):
         logits = session.step(sequences[:, step])  # (rows, vocab)
         scores, forced, generated = run.next_scores(logits.float(), sequences, step, prefix, prefix_lengths)
         free = step >= run.first_free_step
         tokens = (rules.choose(scores) if free else prefix[:, step + 1]).masked_fill(finished, run.pad_id)
+        width += (~finished).any()
         if config.return_dict_in_generate:  # a full-vocabulary log-softmax per step, only when asked for
             token_logprobs = F.log_softmax(scores, dim=-1).gather(1, tokens[:, None]).squeeze(1)
             logprob_sums += token_logprobs.masked_fill(finished | forced, 0.0)
@@ -162,7 +165,6 @@ def _sample(run: _Run, session) -> GenerateOutput:
         if free and rules.stopping:
             ended |= rules.stops(sequences[:, :step + 2], scores)
         finished |= ~forced & ended
-        last_step = step
         if run.is_check_step(step):
             # Samples of one source share its memory, so a source leaves when all its samples are done.
             live = ~finished.view(-1, copies).all(dim=1)
@@ -181,7 +183,7 @@ def _sample(run: _Run, session) -> GenerateOutput:
                 prefix, prefix_lengths, logprob_sums = prefix[keep], prefix_lengths[keep], logprob_sums[keep]
     output.index_copy_(0, rows, sequences)
     all_logprobs.index_copy_(0, rows, logprob_sums)
-    return GenerateOutput(sequences=_trim(output[:, 1:last_step + 2], run.pad_id),
+    return GenerateOutput(sequences=output[:, 1:int(width) + 1],
                           scores=tuple(step_scores) if run.keep_scores else None,
                           sequences_scores=all_logprobs)
 
@@ -202,7 +204,9 @@ def _greedy_rows(run: _Run, session) -> GenerateOutput:
     rows = Rows.start(run.sources, max_new_tokens, run.bos_id, run.pad_id, run.device)
     output = rows.outputs.clone()
     index = torch.arange(run.sources, device=run.device)  # original row of each working row
+    width = torch.zeros((), dtype=torch.long, device=run.device)  # as in _sample
     for step in range(max_new_tokens):
+        width += (~rows.finished).any()
         fast.advance(rules, session.state, rows)
         if run.is_check_step(step) and bool(rows.finished.any()):
             output.index_copy_(0, index, rows.outputs)
@@ -212,7 +216,7 @@ def _greedy_rows(run: _Run, session) -> GenerateOutput:
             session.reorder(keep)
             rows, index = rows.select(keep), index[keep]
     output.index_copy_(0, index, rows.outputs)
-    return GenerateOutput(sequences=_trim(output[:, :max_new_tokens], run.pad_id), scores=None,
+    return GenerateOutput(sequences=output[:, :int(width)], scores=None,
                           sequences_scores=torch.zeros(run.sources, device=run.device))
 
 
@@ -245,12 +249,12 @@ def _beam_search(run: _Run, session) -> GenerateOutput:
     pool_scores = torch.full((run.sources, beams), float("-inf"), device=device)
     pool_sequences = torch.full((run.sources, beams, width), run.pad_id, dtype=torch.long, device=device)
     pool_origins = torch.zeros_like(pool_sequences)
+    pool_lengths = torch.zeros((run.sources, beams), dtype=torch.long, device=device)  # columns after BOS
     sources = torch.arange(run.sources, device=device)  # original source of each working group
     closed = torch.zeros(run.sources, dtype=torch.bool, device=device)  # the pool takes no more hypotheses
     step_scores: list[Tensor] = []
     beam_offsets = torch.arange(beams, device=device)
     top_ranks = torch.arange(candidates, device=device) < beams
-    last_step = 0
     for step in range(run.total_steps):
         groups = sources.numel()
         logits = session.step(sequences[:, step])  # (groups * beams, vocab)
@@ -278,7 +282,7 @@ def _beam_search(run: _Run, session) -> GenerateOutput:
         # Hypotheses that end here and rank among the best `beams` candidates join the pool.
         joining = ends & top_ranks & top_scores.isfinite() & ~closed[sources][:, None]
         penalty = group_generated.to(top_scores.dtype)[:, None] ** config.length_penalty
-        _merge_into_pool(pool_scores, pool_sequences, pool_origins, sources,
+        _merge_into_pool(pool_scores, pool_sequences, pool_origins, pool_lengths, sources,
                          torch.where(joining, top_scores / penalty, float("-inf"))[:, :beams],
                          sequences, origins, parent_rows[:, :beams], token[:, :beams], step, run.pad_id)
 
@@ -296,7 +300,6 @@ def _beam_search(run: _Run, session) -> GenerateOutput:
 
         stuck = ~beam_scores[:, 0].isfinite()  # every candidate ended: nothing runs on
         closed[sources] |= stuck | _pool_is_closed(config, pool_scores[sources], beam_scores, group_generated)
-        last_step = step
         if run.is_check_step(step):
             keep_groups = (~closed[sources]).nonzero().squeeze(1)
             if keep_groups.numel() == 0:
@@ -311,33 +314,34 @@ def _beam_search(run: _Run, session) -> GenerateOutput:
     best = config.num_return_sequences
     # A slot that no hypothesis reached keeps whatever a dead beam, tied with it at -inf, left there: it is
     # returned as the no-hypothesis row, all padding and scored -inf, never as a fragment such as [pad, EOS].
-    no_hypothesis = (pool_scores == float("-inf"))[:, :, None]
-    pool_sequences.masked_fill_(no_hypothesis, run.pad_id)
-    pool_origins.masked_fill_(no_hypothesis, 0)
-    sequences = _trim(pool_sequences[:, :best, 1:last_step + 2].flatten(0, 1), run.pad_id)
+    no_hypothesis = pool_scores == float("-inf")  # (sources, beams)
+    pool_sequences.masked_fill_(no_hypothesis[:, :, None], run.pad_id)
+    pool_origins.masked_fill_(no_hypothesis[:, :, None], 0)
+    # As wide as the longest hypothesis returned, which may end with a generated padding id (see _sample).
+    longest = int(pool_lengths.masked_fill(no_hypothesis, 0)[:, :best].max())
+    sequences = pool_sequences[:, :best, 1:longest + 1].flatten(0, 1)
     beam_indices = pool_origins[:, :best, 1:sequences.shape[1] + 1].flatten(0, 1)
     return GenerateOutput(sequences=sequences, scores=tuple(step_scores) if run.keep_scores else None,
                           sequences_scores=pool_scores[:, :best].flatten(),
                           beam_indices=beam_indices if config.return_dict_in_generate else None)
 
 
-def _merge_into_pool(pool_scores: Tensor, pool_sequences: Tensor, pool_origins: Tensor, sources: Tensor,
-                     new_scores: Tensor, sequences: Tensor, origins: Tensor, rows: Tensor,
-                     tokens: Tensor | None, step: int, pad_id: int) -> None:
+def _merge_into_pool(pool_scores: Tensor, pool_sequences: Tensor, pool_origins: Tensor, pool_lengths: Tensor,
+                     sources: Tensor, new_scores: Tensor, sequences: Tensor, origins: Tensor, rows: Tensor,
+                     tokens: Tensor, step: int, pad_id: int) -> None:
     """Keep each source's ``beams`` best finished hypotheses: the pool's and the new ones (-inf = none).
 
-    ``rows`` (groups, n) are the working rows the new hypotheses extend; with ``tokens`` they end
-    in that token at column ``step + 1``, without they are the rows as they stand.
+    The new hypotheses (groups, n) extend the working ``rows`` with ``tokens`` at column ``step + 1``.
     """
     beams = pool_scores.shape[1]
     groups = sources.numel()
     columns = step + 2
     new_sequences = sequences.index_select(0, rows.flatten()).view(groups, -1, sequences.shape[1])
     new_origins = origins.index_select(0, rows.flatten()).view(groups, -1, origins.shape[1])
-    if tokens is not None:
-        new_sequences[:, :, columns - 1] = tokens
-        new_origins[:, :, columns - 1] = sources[:, None] * beams + rows % beams
+    new_sequences[:, :, columns - 1] = tokens
+    new_origins[:, :, columns - 1] = sources[:, None] * beams + rows % beams
     new_sequences[:, :, columns:] = pad_id  # a forced prefix may reach past the hypothesis' end
+    new_lengths = torch.full_like(rows, columns - 1)
     scores = torch.cat([pool_scores[sources], new_scores], dim=1)  # (groups, 2 * beams)
     best = scores.topk(beams, dim=1)
     merged = torch.cat([pool_sequences[sources], new_sequences], dim=1)
@@ -346,6 +350,7 @@ def _merge_into_pool(pool_scores: Tensor, pool_sequences: Tensor, pool_origins: 
     pool_scores[sources] = best.values
     pool_sequences[sources] = merged.gather(1, index)
     pool_origins[sources] = merged_origins.gather(1, index)
+    pool_lengths[sources] = torch.cat([pool_lengths[sources], new_lengths], dim=1).gather(1, best.indices)
 
 
 def _pool_is_closed(config: GenerationConfig, pool_scores: Tensor, beam_scores: Tensor, generated: Tensor) -> Tensor:
@@ -369,9 +374,3 @@ def _scatter_rows(values: Tensor, rows: Tensor, total: int, fill) -> Tensor:
     """Place the working rows' ``values`` at their original rows of a ``total``-row tensor."""
     placed = values.new_full((total, *values.shape[1:]), fill)
     return placed.index_copy_(0, rows, values)
-
-
-def _trim(sequences: Tensor, pad_id: int) -> Tensor:
-    """Drop trailing columns that are padding in every row."""
-    used = (sequences != pad_id).any(dim=0).nonzero()
-    return sequences[:, :int(used.max()) + 1] if used.numel() else sequences[:, :1]

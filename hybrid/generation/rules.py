@@ -12,7 +12,10 @@ The rules follow transformers' ``generate()`` wherever the option names are tran
   Beam search runs it on log-probabilities, after ``log_softmax``, as transformers does.
 - **Padding and BOS are never generated.** This is hybrid's one standing difference, and it is
   expressed as transformers would: as if ``suppress_tokens=[pad_token_id, bos_token_id]`` were
-  given (an EOS id is never suppressed).
+  given (an EOS id is never suppressed). So, like that built-in, it gives way to a user's
+  ``SuppressTokensLogitsProcessor``, hybrid's or transformers' own; then padding and BOS are tokens
+  like any other: a row ends only at EOS, ``max_new_tokens`` or a criterion, never at a generated
+  padding id, and only the fill after its end is padding by position.
 - **The minimum length** bans EOS until a row has generated ``min_new_tokens`` tokens, counted
   after its forced prefix (transformers' ``MinNewTokensLengthLogitsProcessor``), per row.
 - **A forced prefix** (``decoder_input_ids``, right-padded, one per row) is fed, not generated:
@@ -116,13 +119,15 @@ class DecodingRules:
         self.bos_id = model_config.bos_id
         self.eos_ids = config.eos_ids(model_config)
         self.pad_id = _pad_id(config, model_config)
-        self.suppressed = sorted({model_config.pad_id, self.pad_id, self.bos_id} - set(self.eos_ids))
         self.max_new_tokens = config.max_new_tokens
+        standing_ban = sorted({model_config.pad_id, self.pad_id, self.bos_id} - set(self.eos_ids))
+        self.chain = _processor_chain(config, self.eos_ids, standing_ban)
+        # The ids never generated: none once a user's SuppressTokensLogitsProcessor took the ban's place.
+        self.suppressed = standing_ban if any(rule.name == _SUPPRESSED for rule in self.chain) else []
         if config.min_new_tokens > 0 and not set(range(self.vocab_size)) - set(self.suppressed) - set(self.eos_ids):
             raise ValueError(f"min_new_tokens={config.min_new_tokens} leaves nothing to generate: the vocabulary "
                              f"({self.vocab_size} ids) holds only EOS {self.eos_ids} and the suppressed padding and "
                              f"BOS {self.suppressed}")
-        self.chain = _processor_chain(config, self.eos_ids, self.suppressed)
         # Only these rules ban by length and by fixed ids, which always leaves EOS or a token after it.
         self.can_ban_every_token = not all(isinstance(rule, _MinNewTokens) or rule.name == _SUPPRESSED
                                            for rule in self.chain)
@@ -245,6 +250,14 @@ def _pad_id(config: GenerationConfig, model_config) -> int:
     return pad_id
 
 
+def _same_type(user: object, built_in: object) -> bool:
+    """Whether a user's processor is of a built-in's type, for transformers' merge rule. hybrid's built-ins are
+    transformers' processors written again, so transformers' own class of the same name is the same type."""
+    kind, users_kind = type(built_in), type(user)
+    return users_kind is kind or (users_kind.__name__ == kind.__name__
+                                  and users_kind.__module__.startswith("transformers."))
+
+
 def _processor_chain(config: GenerationConfig, eos_ids: list[int], suppressed: list[int]) -> list:
     """The processors in transformers' order, with the user's merged in as transformers merges them."""
     built_in = []
@@ -264,7 +277,7 @@ def _processor_chain(config: GenerationConfig, eos_ids: list[int], suppressed: l
     for rule in built_in:
         # transformers: a user's processor of the same type as a built-in one takes its place.
         replacement = next((user for user in users if isinstance(rule, _Processor)
-                            and type(user) is type(rule.processor)), None)
+                            and _same_type(user, rule.processor)), None)
         if replacement is None:
             chain.append(rule)
         else:

@@ -55,7 +55,7 @@ def test_refill_decodes_every_source_as_if_alone(mixers, bucketed, interval):
 @pytest.mark.parametrize("options", [
     dict(pad_token_id=5), dict(min_new_tokens=6), dict(eos_token_id=[2, 7]), dict(bad_words_ids=[[5], [9]]),
     # A user's SuppressTokensLogitsProcessor replaces the built-in one that bans padding and BOS (transformers'
-    # rule), so it names them too: a generated padding id could not be told from padding in generate's output.
+    # rule); this one names them, so they stay banned (the next test lifts the ban).
     dict(stopping_criteria=[EosTokenCriteria(8)]), dict(logits_processor=[SuppressTokensLogitsProcessor([0, 1, 4, 6])]),
 ], ids=["pad_token_id", "min_new_tokens", "eos_ids", "one-token-bad-words", "eos-criterion", "suppress"])
 def test_refill_honours_every_rule_that_says_it_can(options):
@@ -69,6 +69,20 @@ def test_refill_honours_every_rule_that_says_it_can(options):
         ends = [i for i, token in enumerate(alone.tolist()) if token in options.get("eos_token_id", [2])]
         expected = alone[:ends[0] + 1] if ends else alone
         assert results[source.index] == expected.tolist(), source.index
+
+
+def test_refill_lets_your_own_suppress_tokens_lift_the_ban_on_padding_and_bos():
+    # Every real token banned and EOS banned for two tokens: each row starts with padding or BOS, as in generate,
+    # and a generated padding id neither ends the row nor is cut from it.
+    model = tiny_model(["lstm", "attention"], seed=6)
+    sources = random_sources(7, seed=8)
+    options = dict(min_new_tokens=2, logits_processor=[SuppressTokensLogitsProcessor(list(range(3, 13)))])
+    results = dict(RefillDecoder(model, slots=3, max_new_tokens=6, **options).run([sources]))
+    for source in sources:
+        alone = model.generate(torch.tensor([source.ids]), max_new_tokens=6, **options)[0].tolist()
+        eos = model.config.eos_id
+        assert results[source.index] == (alone[:alone.index(eos) + 1] if eos in alone else alone), source.index
+        assert set(results[source.index][:2]) <= {model.config.pad_id, model.config.bos_id}
 
 
 @pytest.mark.parametrize("options, named", [

@@ -11,6 +11,8 @@ from conftest import padded_batch, tiny_model
 from hybrid import MIXERS
 from hybrid.generation import engine
 from hybrid.generation.config import GenerationConfig
+from hybrid.generation.processors import SuppressTokensLogitsProcessor
+from hybrid.generation.sessions import StaticSession
 from hybrid.generation.streamers import TokenStreamer
 
 LENGTHS = [6, 2, 4, 5]
@@ -320,6 +322,38 @@ def test_transformers_processors_work_unchanged():
         stopping_criteria=[transformers.MaxLengthCriteria(max_length=8)])
     ours = model.generate(src, max_new_tokens=7, no_repeat_ngram_size=2, repetition_penalty=1.3)
     assert torch.equal(theirs, ours)
+
+
+STRATEGIES = {"greedy": dict(), "sample": dict(do_sample=True), "beam": dict(num_beams=2, num_return_sequences=2)}
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_generated_padding_is_a_token_kept_to_the_end_of_its_row(strategy):
+    # Your own SuppressTokensLogitsProcessor takes the place of the ban on padding and BOS (transformers' rule).
+    # This one leaves padding and EOS, which min_new_tokens bans to the limit: every row is padding, and it is
+    # returned whole, as wide as max_new_tokens, not trimmed away as if it were the fill after an end.
+    model = tiny_model(["lstm", "attention"], seed=16)
+    pad, eos = model.config.pad_id, model.config.eos_id
+    all_but_padding_and_eos = [token for token in range(model.config.vocab_size) if token not in (pad, eos)]
+    out = model.generate(padded_batch(LENGTHS, seed=16), max_new_tokens=5, min_new_tokens=5, return_dict=True,
+                         logits_processor=[SuppressTokensLogitsProcessor(all_but_padding_and_eos)],
+                         **STRATEGIES[strategy])
+    hypotheses = out.sequences[out.sequences_scores.isfinite()]
+    assert hypotheses.shape == (len(LENGTHS), 5) and (hypotheses == pad).all()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_cuda_graph_loop_lets_your_own_suppress_tokens_lift_the_ban_on_padding_and_bos(mixer, strategy):
+    # What the CUDA-graph loop runs, uncaptured: the same rules, so padding and BOS come up as in generate.
+    # Sampling lets no row end early, so both draw from the generator in the same order.
+    model = tiny_model([mixer, mixer], seed=17)
+    src = padded_batch(LENGTHS, seed=17)
+    options = dict(max_new_tokens=6, min_new_tokens=6 if strategy == "sample" else 2, **STRATEGIES[strategy],
+                   logits_processor=[SuppressTokensLogitsProcessor(list(range(3, model.config.vocab_size)))])
+    seeded = lambda: {"generator": torch.Generator().manual_seed(0)} if strategy == "sample" else {}  # noqa: E731
+    static = engine.decode(model, src, None, GenerationConfig.from_kwargs(**options, **seeded()), StaticSession)
+    assert torch.equal(static, model.generate(src, **options, **seeded()))
+    assert set(static[:, :2].flatten().tolist()) <= {model.config.pad_id, model.config.bos_id}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -14,7 +14,8 @@ Conventions normalised before comparing, each documented by its library:
   ``pad_token_id or eos_token_id[0]``, so EOS for a pad id of 0: both are given ``pad_token_id=FILL``,
   a non-zero id, so that the fill never looks like a generated EOS). Trailing fill is stripped.
 - hybrid never generates padding or BOS; transformers is given ``suppress_tokens`` of the model's
-  padding, the fill and BOS, which is exactly that rule in its own terms.
+  padding, the fill and BOS, which is exactly that rule in its own terms. So a user's
+  ``SuppressTokensLogitsProcessor`` takes the place of that ban in both, and padding and BOS come up.
 - Lengths count generated tokens in both (min_new_tokens, max_new_tokens, the length penalty).
 """
 
@@ -114,10 +115,17 @@ def compare(models, src, **options):
 
 
 def as_transformers(options: dict) -> dict:
-    """The same options for transformers, whose generate() takes its criteria as a StoppingCriteriaList."""
-    if "stopping_criteria" not in options:
-        return options
-    return {**options, "stopping_criteria": transformers.StoppingCriteriaList(options["stopping_criteria"])}
+    """The same options for transformers, whose generate() takes its processors and criteria as lists of its own."""
+    lists = {"logits_processor": transformers.LogitsProcessorList,
+             "stopping_criteria": transformers.StoppingCriteriaList}
+    return {name: lists[name](value) if name in lists else value for name, value in options.items()}
+
+
+def suppress_tokens_of_your_own() -> dict:
+    """transformers' own SuppressTokensLogitsProcessor, which in both libraries takes the place of the built-in
+    ban on padding and BOS. It bans every real token (and the fill), so the choice is padding, BOS or EOS: with
+    a minimum length, padding and BOS must come up."""
+    return dict(logits_processor=[transformers.SuppressTokensLogitsProcessor(list(range(FILL, VOCAB)))])
 
 
 class StopOnToken(transformers.StoppingCriteria):
@@ -199,6 +207,22 @@ def test_forced_prefixes_of_different_lengths_row_by_row(models):
         assert normalise(mine[row:row + 1]) == normalise(reference)
 
 
+# Two beams, as many as the tokens allowed before EOS, so every kept candidate is a live one (see VOCAB).
+@pytest.mark.parametrize("strategy", [dict(), dict(num_beams=2, num_return_sequences=2)], ids=["greedy", "beam"])
+def test_a_suppress_tokens_processor_of_your_own_lifts_the_ban_on_padding_and_bos(models, strategy):
+    # transformers' rule for a processor of a built-in's type, here the built-in suppress_tokens.
+    model, wrapped = models
+    src = padded_batch(LENGTHS, vocab=VOCAB, seed=31)
+    options = dict(min_new_tokens=3, **strategy, **suppress_tokens_of_your_own())
+    mine = ours(model, src, max_new_tokens=12, return_dict=True, **options)
+    reference = theirs(wrapped, src, max_new_tokens=12, return_dict_in_generate=True, output_scores=True,
+                       **as_transformers(options))
+    assert normalise(mine.sequences) == normalise(reference.sequences[:, 1:])
+    assert set(mine.sequences[:, :3].flatten().tolist()) <= {PAD, BOS}  # the ban is lifted, in both
+    if "num_beams" in strategy:
+        assert torch.allclose(mine.sequences_scores, reference.sequences_scores, atol=1e-5)
+
+
 BEAM_GRID = [dict(num_beams=beams, length_penalty=penalty, early_stopping=stopping, num_return_sequences=returned)
              for beams, returned in [(2, 1), (4, 2), (4, 4)]
              for penalty in [1.0, 0.0, -0.8, 2.0]
@@ -245,6 +269,7 @@ SAMPLING_CASES = {
     "top_p": dict(top_p=0.8, top_k=0),
     "min_p": dict(min_p=0.15, top_k=0),
     "everything": dict(temperature=1.3, top_k=12, top_p=0.9, repetition_penalty=1.4, no_repeat_ngram_size=2),
+    "suppress_tokens_of_your_own": dict(top_k=0, **suppress_tokens_of_your_own()),
 }
 
 
@@ -259,7 +284,7 @@ def test_sampling_distributions(models, options):
                 generator=torch.Generator().manual_seed(0), **options)
     torch.manual_seed(0)
     reference = theirs(wrapped, src, max_new_tokens=3, min_new_tokens=3, do_sample=True,
-                       num_return_sequences=draws, **options)[:, 1:]
+                       num_return_sequences=draws, **as_transformers(options))[:, 1:]
     for column in (0, 2):
         statistic, cells = two_sample_chi_square(mine[:, column], reference[:, column])
         # A chi-square of `cells - 1` degrees of freedom: mean k, variance 2k; six standard deviations.
