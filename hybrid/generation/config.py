@@ -21,7 +21,8 @@ class GenerationConfig:
     """The options of :func:`hybrid.generation.generate`; names and meanings follow transformers.
 
     Differences worth knowing: ``max_new_tokens`` defaults to 256; padding and BOS are
-    never generated (as if ``suppress_tokens=[pad_token_id, bos_token_id]`` were given);
+    never generated (as if ``suppress_tokens=[pad_token_id, bos_token_id]`` were given, so a
+    ``SuppressTokensLogitsProcessor`` in ``logits_processor`` takes that ban's place);
     ``eos_token_id`` and ``pad_token_id`` default to the model's ids. How each rule is
     applied is written once, in :mod:`hybrid.generation.rules`.
     ``return_dict`` is accepted as a short name for ``return_dict_in_generate``.

@@ -50,7 +50,8 @@ def generate(model, src_ids: Tensor, src_mask: Tensor | None = None, **options) 
 
     Returns (B * num_return_sequences, L) ids after BOS, EOS included, ``pad_id`` after it,
     or a :class:`GenerateOutput` with ``return_dict_in_generate=True`` (or ``return_dict=True``).
-    Every option is checked before any compute. Padding and BOS are never generated.
+    Every option is checked before any compute. Padding and BOS are never generated, unless a
+    ``SuppressTokensLogitsProcessor`` of your own takes the place of that ban (transformers' rule).
     """
     return decode(model, src_ids, src_mask, GenerationConfig.from_kwargs(**options))
 

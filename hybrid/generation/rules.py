@@ -8,7 +8,8 @@ The rules follow transformers' ``generate()`` wherever the option names are tran
 - **The processor chain** runs in transformers' order (``GenerationMixin._get_logits_processor``):
   repetition penalty, no-repeat n-grams, bad words, the minimum length, the suppressed ids, the
   user's ``logits_processor`` (one of the same type as a built-in takes its place, as in
-  ``_merge_criteria_processor_list``), then, when sampling, temperature, top-k, top-p and min-p.
+  ``_merge_criteria_processor_list``; transformers' own class of a built-in's name is its type),
+  then, when sampling, temperature, top-k, top-p and min-p.
   Beam search runs it on log-probabilities, after ``log_softmax``, as transformers does.
 - **Padding and BOS are never generated.** This is hybrid's one standing difference, and it is
   expressed as transformers would: as if ``suppress_tokens=[pad_token_id, bos_token_id]`` were
@@ -31,7 +32,10 @@ The rules follow transformers' ``generate()`` wherever the option names are tran
   sampling from NaN. All of it is tensor arithmetic on the device, with no host sync per step.
   Options that leave nothing to generate (a minimum length over a vocabulary of EOS, padding and
   BOS) are refused up front. A user
-  processor must return a float tensor of the scores' shape; anything else is refused by name.
+  processor must return a float tensor of the scores' shape; anything else is refused by name, and so
+  is a stopping criterion's answer that is not a bool tensor of shape (rows,) or one bool for every row
+  (:class:`~hybrid.generation.stopping.StoppingCriteriaList`). In beam search a slot of the pool that
+  no hypothesis reached is returned as all padding, scored -inf.
 
 Each rule declares whether continuous batching can honour it, with transformers' per-processor
 flag ``supports_continuous_batching``: refill's rows sit at different positions, so it can run only
