@@ -26,7 +26,7 @@ import random
 import re
 import string
 from collections import Counter
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from pathlib import Path
 from typing import Any, Literal
 
@@ -250,7 +250,8 @@ class Seq2SeqDataModule(LightningDataModule):
         trainer = self.trainer  # set while a Trainer runs this module: the sampler shards by rank itself
         replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         self._train_loader = ResumableDataLoader(
-            dataset, sampler=EpochSeededSampler(dataset, self.seed, replicas, rank), **options)
+            dataset, sampler=EpochSeededSampler(dataset, self.seed, replicas, rank),
+            current_epoch=None if trainer is None else lambda: trainer.current_epoch, **options)
         if self._train_resume_at is not None:
             self._train_loader.resume_from(self._train_resume_at)
         return self._train_loader
@@ -301,18 +302,27 @@ class ResumableDataLoader(DataLoader):
     interrupted run would have. The data module carries the position in Lightning's checkpoint.
     Batches are counted as they are yielded (Lightning does not prefetch from a loader with a
     length), so worker prefetching does not shift the count.
+
+    ``current_epoch`` (the Trainer's, where one runs the loader) numbers the epochs, not the
+    ``set_epoch`` calls of Lightning's fit loop: that loop counts an epoch too many after resuming
+    from a checkpoint written at an epoch's end under a ``max_steps`` budget (it replays the
+    finished epoch, empty, and counts it again: Lightning issue 19617), which would give every later
+    epoch the next epoch's order.
     """
 
     sampler: EpochSeededSampler
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, current_epoch: Callable[[], int] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.current_epoch = current_epoch
         self.batches_yielded = 0
         self._resume_at: dict[str, int] | None = None  # a position, until the next iterator starts
 
     def __iter__(self) -> Iterator[Any]:
         # A generator: this body runs at the first batch, after Lightning's set_epoch and after it
         # restored the checkpoint, although Lightning calls iter() before both.
+        if self.current_epoch is not None:
+            self.sampler.set_epoch(self.current_epoch())
         resume, self._resume_at = self._resume_at, None
         # A position from the end of an epoch, or from another epoch, is no reason to skip anything.
         done = resume["batches_yielded"] if resume and resume["epoch"] == self.sampler.epoch else 0
