@@ -4,6 +4,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -61,16 +62,15 @@ def test_fit_saves_its_config_and_a_plain_data_checkpoint(first_run):
 
 
 def test_resume_continues_from_the_saved_step(first_run, tmp_path):
-    cwd, run = tmp_path, first_run
-    (cwd / "outputs" / "copy_hybrid").mkdir(parents=True)
-    (cwd / "outputs" / "copy_hybrid" / run.name).symlink_to(run)  # an interrupted run of the same name
-    result = hybrid("fit", *TINY, "trainer.max_epochs=2", "ckpt_path=last", cwd=cwd)
+    run = tmp_path / "outputs" / "copy_hybrid" / first_run.name
+    shutil.copytree(first_run, run)  # an interrupted run of the same name (a copy: resuming writes into it)
+    result = hybrid("fit", *TINY, "trainer.max_epochs=2", "ckpt_path=last", cwd=tmp_path)
     assert "from step 4" in result.stderr
-    resumed = next(folder for folder in run_folders(cwd) if folder.name != run.name)
-    assert torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
-    with open(resumed / "csv" / "metrics.csv") as file:
+    assert run_folders(tmp_path) == [run]  # the resumed fit continued in its run's folder
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
+    with open(run / "csv" / "metrics.csv") as file:
         steps = [int(row["step"]) for row in csv.DictReader(file) if row.get("train/loss_step")]
-    assert steps and min(steps) >= 4  # no step of the first epoch was trained again
+    assert steps == list(range(8))  # the first epoch's steps kept, none trained again
 
 
 def test_test_command_scores_a_checkpoint(first_run):
@@ -269,9 +269,9 @@ def test_sigterm_saves_last_ckpt_says_how_to_resume_and_exits_143(first_run, tmp
 
     result = hybrid("fit", *TINY, "trainer.max_epochs=1", "ckpt_path=last", cwd=tmp_path)
     assert "from step 2" in result.stderr
-    (resumed,) = [folder for folder in run_folders(tmp_path) if folder != stopped]
+    assert run_folders(tmp_path) == [stopped]  # the resumed fit continued in its run's folder
     expected = torch.load(first_run / "checkpoints" / "last.ckpt", weights_only=True)  # the same fit, never stopped
-    actual = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)
+    actual = torch.load(saved, weights_only=True)
     assert actual["global_step"] == expected["global_step"] == 4
     assert all(torch.equal(tensor, actual["state_dict"][name]) for name, tensor in expected["state_dict"].items())
 

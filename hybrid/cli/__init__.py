@@ -103,6 +103,10 @@ def run_verb(name: str, overrides: Sequence[str]) -> None:
     from hybrid.cli.overrides import exit_on_bad_command_line
 
     exit_on_bad_command_line(name, verb.config, overrides)
+    if name == "fit":  # a resumed fit continues in the run folder of its checkpoint
+        from hybrid.cli.resume import resume_overrides
+
+        overrides = [*overrides, *resume_overrides(verb.config, overrides)]
     command_line = [sys.argv[0], name, *overrides]
     os.environ["HYBRID_COMMAND"] = name  # hydra.job.name: names the log file and the --help header
     module_name, function_name = verb.entry_point.split(":")

@@ -50,15 +50,28 @@ def build_trainer(cfg: DictConfig) -> Trainer:
 
 
 def resolve_ckpt_path(cfg: DictConfig) -> str | None:
-    """``cfg.ckpt_path``, with ``"last"`` resolved to the newest ``checkpoints/last.ckpt`` of this run's
-    own folder or, failing that, of any earlier run of the same name (under ``paths.run_dir``)."""
+    """``cfg.ckpt_path``, with ``"last"`` resolved to this run folder's ``checkpoints/last.ckpt`` (where a
+    resumed fit continues its run) or, failing that, to the newest of the runs of this name
+    (:func:`newest_last_checkpoint` under ``paths.run_dir``)."""
     if cfg.ckpt_path != "last":
         return cfg.ckpt_path
     own = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
     if own.is_file():
         return str(own)
-    earlier = sorted(Path(cfg.paths.run_dir).glob("*/checkpoints/last.ckpt"), key=lambda path: path.stat().st_mtime)
-    if not earlier:
+    newest = newest_last_checkpoint(cfg.paths.run_dir)
+    if newest is None:
         raise FileNotFoundError(f"ckpt_path=last: no checkpoints/last.ckpt in {cfg.paths.output_dir} or in the runs "
                                 f"under {cfg.paths.run_dir}; give the checkpoint's path instead")
-    return str(earlier[-1])
+    return str(newest)
+
+
+def newest_last_checkpoint(run_dir: str | Path) -> Path | None:
+    """The ``<run>/checkpoints/last.ckpt`` under ``run_dir`` written most recently (file time, to the
+    nanosecond; on a tie, the run folder named last, i.e. started last), or None if there is none.
+
+    Newest by when it was written, not by step or by the run's start: a run started later, or trained
+    further, may have been left alone since, while the run a user just stopped is the one to resume
+    (a resumed fit writes into the run it continues, so its folder keeps its old start time).
+    """
+    candidates = Path(run_dir).glob("*/checkpoints/last.ckpt")
+    return max(candidates, key=lambda path: (path.stat().st_mtime_ns, path.parent.parent.name), default=None)
