@@ -82,12 +82,14 @@ def position(checkpoint: Path) -> tuple[int, int, int]:
 def resume_and_compare(cwd: Path, killed: Path, uninterrupted: dict, *extra: str) -> None:
     """Resume with ``ckpt_path=last`` in ``cwd``; the fit must continue in ``killed`` and end where the
     uninterrupted one did, every weight, Adam moment and schedule state equal."""
-    record = (killed / ".hydra" / "config.yaml").read_text()
+    record, log = (killed / ".hydra" / "config.yaml").read_text(), (killed / "fit.log").read_text()
     resumed_from = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     folders = run_folders(cwd)
     result = hybrid("fit", *RUN, *extra, "ckpt_path=last", cwd=cwd)
     assert run_folders(cwd) == folders  # no new run folder: the fit continued in the killed one
-    assert "dirpath has changed" not in result.stderr and "dirpath has changed" not in (killed / "fit.log").read_text()
+    resumed_log = (killed / "fit.log").read_text()
+    assert resumed_log.startswith(log) and "resuming" in resumed_log[len(log):]  # the run's log, continued
+    assert "dirpath has changed" not in result.stderr + resumed_log
     assert (killed / ".hydra" / "config.yaml").read_text() == record  # the run's own record kept...
     assert len(list((killed / ".hydra").glob("resume_*/config.yaml"))) == 1  # ...and this attempt's beside it
     actual = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=True)
