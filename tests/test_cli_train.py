@@ -332,3 +332,18 @@ def test_last_ckpt_is_also_written_every_few_minutes_of_training(tmp_path):
                           "callbacks.timed_checkpoint.train_time_interval.minutes=0"], tmp_path)
     run_fit(cfg)
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
+
+
+def test_the_best_checkpoint_is_named_even_when_lightning_forgot_its_score(tmp_path, caplog):
+    # A run folder moved or copied, then resumed: Lightning keeps the best path but not its score.
+    from types import SimpleNamespace
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from hybrid.cli.train import _report_checkpoints
+
+    best = ModelCheckpoint(dirpath=tmp_path, monitor="val/loss")
+    best.best_model_path, best.best_model_score = str(tmp_path / "best.ckpt"), None
+    with caplog.at_level("INFO", logger="hybrid"):
+        _report_checkpoints(SimpleNamespace(checkpoint_callbacks=[best], global_step=3))
+    assert f"best checkpoint by val/loss (score unknown): {tmp_path / 'best.ckpt'}" in caplog.text

@@ -146,8 +146,9 @@ def _report_checkpoints(trainer: Trainer) -> None:
         logger.info("last checkpoint: %s (step %s)", path, f"{trainer.global_step:,}")
     for callback in saved:
         if callback.monitor is not None:
-            logger.info("best checkpoint by %s (%.4f): %s", callback.monitor, float(callback.best_model_score),
-                        callback.best_model_path)
+            # Lightning forgets the best score when a run folder was moved or copied, then resumed.
+            score = "score unknown" if callback.best_model_score is None else f"{float(callback.best_model_score):.4f}"
+            logger.info("best checkpoint by %s (%s): %s", callback.monitor, score, callback.best_model_path)
     if not saved:
         logger.info("no checkpoint written")
 
