@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ import torch
 from conftest import compose_config, decode_alone
 from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
+from lightning import Callback
+from lightning.pytorch.callbacks import Timer
 
 from hybrid import Seq2Seq
 from hybrid.cli.generate import qualify_generation_option
@@ -307,7 +310,7 @@ def test_max_time_ends_a_fit_inside_its_first_epoch_with_a_validated_checkpoint(
                          tmp_path)
     trainer = run_fit(cfg)
     assert 0 < trainer.global_step < 250
-    assert stop_reason(trainer) == "trainer.max_time=0:00:01 reached"
+    assert stop_reason(trainer).startswith("trainer.max_time=0:00:01")
     last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     assert last["global_step"] == trainer.global_step  # validated at the stop, and saved
     assert "val/loss" in trainer.callback_metrics
@@ -347,3 +350,27 @@ def test_the_best_checkpoint_is_named_even_when_lightning_forgot_its_score(tmp_p
     with caplog.at_level("INFO", logger="hybrid"):
         _report_checkpoints(SimpleNamespace(checkpoint_callbacks=[best], global_step=3))
     assert f"best checkpoint by val/loss (score unknown): {tmp_path / 'best.ckpt'}" in caplog.text
+
+
+class SlowValidation(Callback):
+    """Each validation batch, sanity check included, takes `seconds` longer: a big validation split in miniature."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def on_validation_batch_end(self, *args, **kwargs):
+        time.sleep(self.seconds)
+
+
+def test_max_time_holds_with_the_last_validation_inside_it(tmp_path):
+    # Two 1 s validation batches: validating after a 4 s budget ran out would end the fit up to 2 s late.
+    cfg = compose_config([*TINY, "data.train_size=4000", "trainer.max_epochs=30", 'trainer.max_time="00:00:00:04"',
+                          "+callbacks.slow._target_=test_cli_train.SlowValidation", "+callbacks.slow.seconds=1.0"],
+                         tmp_path)
+    trainer = run_fit(cfg)
+    timer = next(callback for callback in trainer.callbacks if isinstance(callback, Timer))
+    assert timer.time_elapsed() <= 4.3, timer.time_elapsed()  # the budget, and a training step's jitter
+    assert stop_reason(trainer) == ("trainer.max_time=0:00:04: stopped early enough to validate its last step "
+                                    "inside the budget")
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == trainer.global_step and "val/loss" in trainer.callback_metrics

@@ -36,6 +36,13 @@ class ValidationCadence(Callback):
     another way (``trainer.val_check_interval`` or ``trainer.check_val_every_n_epoch`` overridden) is left
     as it is. Lightning refuses an integer ``val_check_interval`` longer than an epoch, which is why the
     rule is applied here, once the epoch's length is known.
+
+    Under ``trainer.max_time`` the fit's last validation is inside the budget: Lightning validates the step
+    the budget ran out at, after the budget (a minute or more on a big validation split), so the fit stops
+    training early enough for that validation to fit. Its length is the last validation's, measured; before
+    the first one, the sanity check's seconds per batch for the batches that greedy-decode
+    (``module.decode_batches``, an over-estimate: an untrained model decodes to the length limit) and a third
+    of a training step for the batches that only score the loss (a forward pass, without the backward's two).
     """
 
     def __init__(self, every_n_steps: int = 1000) -> None:
@@ -43,9 +50,15 @@ class ValidationCadence(Callback):
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         self.every_n_steps = every_n_steps
         self.last_step: float | None = None  # the fit's planned last step, while the rule applies
+        self.validation_began = self.step_began = 0.0
+        self.step_seconds = 0.0  # the last training step's
+        self.sanity_seconds_per_batch: float | None = None
+        self.last_validation_seconds: float | None = None
+        self.stopped_for_max_time = False
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.last_step = None
+        self.stopped_for_max_time = False
         validates_per_epoch = trainer.val_check_interval == 1.0 and trainer.check_val_every_n_epoch == 1
         batches = self.every_n_steps * trainer.accumulate_grad_batches
         if not validates_per_epoch or trainer.num_training_batches <= batches:
@@ -57,10 +70,47 @@ class ValidationCadence(Callback):
             logger.info("an epoch is %d steps: validating every %d steps and at the last",
                         trainer.num_training_batches // trainer.accumulate_grad_batches, self.every_n_steps)
 
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self.step_began = time.monotonic()
+
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        self.step_seconds = time.monotonic() - self.step_began
         if self.last_step is not None and trainer.global_step >= self.last_step:
             trainer.should_stop = True  # the fit ends here anyway; a stop request also validates this step
+        timer = _timer(trainer)
+        remaining = None if timer is None else timer.time_remaining()
+        if remaining is None or remaining <= 0 or trainer.should_stop:
+            return  # no budget, or Lightning stops here already
+        validation = self._last_validation_estimate(trainer, pl_module)
+        if validation is not None and remaining < validation + self.step_seconds:
+            # Another step would leave too little of the budget to validate it: stop, and validate this one.
+            trainer.should_stop = self.stopped_for_max_time = True
+            if trainer.is_global_zero:
+                logger.info("%s: stopping at step %s with %s left, for its last validation (about %s)",
+                            _max_time(trainer), f"{trainer.global_step:,}", timedelta(seconds=round(remaining)),
+                            timedelta(seconds=round(validation)))
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.validation_began = time.monotonic()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        seconds = time.monotonic() - self.validation_began
+        if trainer.sanity_checking:
+            self.sanity_seconds_per_batch = seconds / max(sum(trainer.num_sanity_val_batches), 1)
+        elif trainer.state.fn == TrainerFn.FITTING:
+            self.last_validation_seconds = seconds
+
+    def _last_validation_estimate(self, trainer: Trainer, pl_module: LightningModule) -> float | None:
+        """Seconds the validation of the step the fit stops at will take, or None where nothing says."""
+        if self.last_validation_seconds is not None:
+            return self.last_validation_seconds
+        if self.sanity_seconds_per_batch is None or not trainer.num_val_batches:
+            return None
+        batches = sum(trainer.num_val_batches)
+        decoded = batches if pl_module.hparams.get("decode_batches") is None else \
+            min(pl_module.hparams["decode_batches"], batches)
+        return decoded * self.sanity_seconds_per_batch + (batches - decoded) * self.step_seconds / 3
 
 
 class CheckpointOnSigterm(Callback):
@@ -189,6 +239,8 @@ def stop_reason(trainer: Trainer) -> str:
     for callback in trainer.callbacks:
         if isinstance(callback, EarlyStopping) and callback.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
             return callback.stopping_reason_message or f"early stopping on {callback.monitor}"
+    if any(isinstance(callback, ValidationCadence) and callback.stopped_for_max_time for callback in trainer.callbacks):
+        return f"{_max_time(trainer)}: stopped early enough to validate its last step inside the budget"
     if _max_time_is_up(trainer):
         return _max_time_reached(trainer)
     if trainer.fast_dev_run:  # before max_steps, which it sets
@@ -211,7 +263,11 @@ def _max_time_is_up(trainer: Trainer) -> bool:
     return timer is not None and timer.time_remaining() is not None and timer.time_remaining() <= 0
 
 
-def _max_time_reached(trainer: Trainer) -> str:
+def _max_time(trainer: Trainer) -> str:
     timer = _timer(trainer)
     budget = timer.time_elapsed() + timer.time_remaining()  # the configured max_time, through public calls
-    return f"trainer.max_time={timedelta(seconds=round(budget))} reached"
+    return f"trainer.max_time={timedelta(seconds=round(budget))}"
+
+
+def _max_time_reached(trainer: Trainer) -> str:
+    return f"{_max_time(trainer)} reached"

@@ -3,9 +3,9 @@ a line.
 
 Deterministic (a seeded sample of 0..999,999), so every run of results/long-fit/run.sh trains on the same
 file: `python results/long-fit/make_pairs.py outputs/long-fit/pairs.tsv` writes 250,000 pairs such as
-`forty thousand five hundred seventeen<TAB>40517`. A seq2seq task of a real dataset's size, whose sources
-(52 characters on average) are read whole and whose targets (at most 6) are short, so that decoding the
-whole test split stays a small part of the run. (The other direction would outrun the decoding bound of
+`forty thousand five hundred seventeen<TAB>4 0 5 1 7`. A seq2seq task of a real dataset's size, whose sources
+(52 characters on average) are read whole and whose targets (at most 6 digits, space-separated) are
+short, so that decoding the whole test split stays a small part of the run. (The other direction would outrun the decoding bound of
 module.max_new_tokens: null, twice the source's length plus 10.)
 """
 
@@ -50,7 +50,8 @@ def main() -> None:
     args = parser.parse_args()
     numbers = random.Random(args.seed).sample(range(1_000_000), args.pairs)
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text("".join(f"{spell(n)}\t{n}\n" for n in numbers))
+    # Digits apart, so that the text task's BLEU (over words) scores digit n-grams, not whole numbers.
+    args.output.write_text("".join(f"{spell(n)}\t{' '.join(str(n))}\n" for n in numbers))
 
 
 if __name__ == "__main__":
