@@ -5,8 +5,8 @@ Deterministic (a seeded sample of 0..999,999), so every run of results/long-fit/
 file: `python results/long-fit/make_pairs.py outputs/long-fit/pairs.tsv` writes 250,000 pairs such as
 `forty thousand five hundred seventeen<TAB>4 0 5 1 7`. A seq2seq task of a real dataset's size, whose sources
 (52 characters on average) are read whole and whose targets (at most 6 digits, space-separated) are
-short, so that decoding the whole test split stays a small part of the run. (The other direction would outrun the decoding bound of
-module.max_new_tokens: null, twice the source's length plus 10.)
+short, so that decoding the whole test split stays a small part of the run. (The other direction would outrun
+the decoding bound of module.max_new_tokens: null, twice the source's length plus 10.)
 """
 
 import argparse
