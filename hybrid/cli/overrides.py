@@ -17,6 +17,7 @@ Config groups (``model=transformer``), Hydra's own ``hydra.*`` keys and flags (`
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import importlib.resources
 import inspect
@@ -64,14 +65,13 @@ def check_command_line(verb: str, config_name: str, arguments: Sequence[str]) ->
     Each sweep is checked at its first value. ``--cfg`` prints a config without running it, so its
     mandatory keys may stay unset; ``--help`` and the other flags that run nothing are not checked.
     """
-    flags, unparsed = get_args_parser().parse_known_args(list(arguments))
-    if unparsed or any((flags.help, flags.hydra_help, flags.info, flags.shell_completion, flags.config_path,
-                        flags.config_name, flags.config_dir, flags.experimental_rerun)):
-        return  # Hydra's own business, or a command line it refuses itself
-    try:
-        overrides = OverridesParser.create().parse_overrides(flags.overrides)
-    except HydraException:
-        return  # a malformed override: Hydra says where it is
+    command_line = read_command_line(arguments)
+    if command_line is None:
+        return  # a command line Hydra refuses itself, naming what is wrong
+    flags, overrides = command_line
+    if any((flags.help, flags.hydra_help, flags.info, flags.shell_completion, flags.config_path, flags.config_name,
+            flags.config_dir, flags.experimental_rerun)):
+        return  # Hydra's own business
     with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
         groups = set(GlobalHydra.instance().config_loader().list_groups(""))
         choices = [override for override in overrides if _is_group(override, groups)]
@@ -88,6 +88,18 @@ def check_command_line(verb: str, config_name: str, arguments: Sequence[str]) ->
     missing = list(_missing_keys(tree))
     if missing and flags.cfg is None:
         raise CommandLineError(_describe_missing(missing, config_name))
+
+
+def read_command_line(arguments: Sequence[str]) -> tuple[argparse.Namespace, list[Override]] | None:
+    """Hydra's flags and parsed overrides of a verb's ``arguments``, read as ``hydra.main`` reads them; None
+    for a command line Hydra will refuse itself (an unknown flag, a malformed override)."""
+    flags, unparsed = get_args_parser().parse_known_args(list(arguments))
+    if unparsed:
+        return None
+    try:
+        return flags, OverridesParser.create().parse_overrides(flags.overrides)
+    except HydraException:
+        return None
 
 
 def nearest_keys(key: str, valid: Sequence[str], count: int = 3) -> list[str]:

@@ -19,15 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hydra import compose, initialize_config_module
-from hydra._internal.utils import get_args_parser  # the parser hydra.main reads its command line with
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from hybrid.cli.overrides import CONFIG_MODULE, read_command_line
 from hybrid.training.builders import newest_last_checkpoint
 
-CONFIG_MODULE = "hybrid.configs"
 RESUME_RECORD = ".hydra/resume_${now:%Y-%m-%d_%H-%M-%S}"  # this attempt's Hydra record, inside the run's
 
 
@@ -40,12 +38,11 @@ def resume_overrides(config_name: str, arguments: Sequence[str]) -> list[str]:
     refuse is left for Hydra to refuse in its own words. With the overrides, Lightning's warning that the
     checkpoint folder is not empty is silenced in this process: a resumed run's folder is meant to be full.
     """
-    flags, unparsed = get_args_parser().parse_known_args(list(arguments))
-    if unparsed or flags.multirun or flags.cfg or flags.help or flags.hydra_help or flags.info:
+    command_line = read_command_line(arguments)
+    if command_line is None:
         return []
-    try:
-        overrides = OverridesParser.create().parse_overrides(flags.overrides)
-    except HydraException:
+    flags, overrides = command_line
+    if flags.multirun or flags.cfg or flags.help or flags.hydra_help or flags.info:
         return []
     keys = {override.key_or_group: override for override in overrides}
     if "hydra.run.dir" in keys or "hydra.output_subdir" in keys:
