@@ -9,6 +9,9 @@ from typing import Any
 
 from hybrid.mixers import MIXERS, MixerOptions
 
+POSITIONS = ("rotary", "learned", "sinusoidal")
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
+
 
 @dataclass
 class ModelConfig:
@@ -19,6 +22,13 @@ class ModelConfig:
     come from the mixer registry in :mod:`hybrid.mixers`. The config validates itself
     on construction and round-trips through :meth:`to_dict` / :meth:`from_dict`, so a
     saved model can be rebuilt with neither Lightning nor Hydra.
+
+    The architecture fields after ``layer_norm_eps`` are the handful of named choices (CTranslate2's
+    converter spec names the same ones) that map BART, Marian, mBART and M2M100/NLLB onto this one
+    model (:mod:`hybrid.hf`); their defaults build hybrid's own, a pre-norm transformer with rotary
+    positions. The special ids are the decoder's: ``bos_id`` is the id decoding starts from
+    (transformers' ``decoder_start_token_id``), which an imported model may share with its padding
+    (Marian) or its EOS (BART, mBART, NLLB).
     """
 
     vocab_size: int = 128
@@ -40,6 +50,19 @@ class ModelConfig:
     eos_id: int = 2
     tie_embeddings: bool = True
     layer_norm_eps: float = 1e-5
+    # How positions enter: "rotary" rotates every self-attention's queries and keys (nothing learned,
+    # relative by construction); "learned" (BART, mBART) and "sinusoidal" (Marian, M2M100; a fixed table)
+    # add a table row to each embedding, the encoder's and the decoder's their own tables.
+    positions: str = "rotary"
+    position_offset: int = 0  # the table row of position 0 (2 in BART's, mBART's and M2M100's tables)
+    # Norm each sublayer's input, x + f(norm(x)) (the stable choice), or its residual sum, norm(x + f(x))
+    # (BART's and Marian's post-norm).
+    pre_norm: bool = True
+    embedding_norm: bool = False  # a LayerNorm over the embeddings and positions (BART's layernorm_embedding)
+    final_norm: bool = True  # a LayerNorm after the encoder's last layer and after the decoder's
+    activation: str = "gelu"  # the feed-forward's: "gelu" (erf), "gelu_tanh", "relu" (M2M100) or "silu" (Marian)
+    embedding_scale: float = 1.0  # token embeddings are multiplied by it (sqrt(d_model) in Marian and M2M100)
+    final_logits_bias: bool = False  # a bias on the output projection (BART's and Marian's final_logits_bias)
     extra: dict[str, Any] = field(default_factory=dict)  # free-form metadata kept with the model
 
     def __post_init__(self) -> None:
@@ -49,7 +72,20 @@ class ModelConfig:
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if (self.d_model // self.n_heads) % 2 != 0:
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if isinstance(self.position_offset, bool) or not isinstance(self.position_offset, int) \
+                or self.position_offset < 0:
+            raise ValueError(f"position_offset must be an int >= 0, got {self.position_offset!r}")
+        for name in ("pre_norm", "embedding_norm", "final_norm", "final_logits_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if isinstance(self.embedding_scale, bool) or not isinstance(self.embedding_scale, (int, float)) \
+                or not 0.0 < self.embedding_scale < float("inf"):
+            raise ValueError(f"embedding_scale must be a float > 0, got {self.embedding_scale!r}")
+        if self.positions == "rotary" and (self.d_model // self.n_heads) % 2 != 0:
             raise ValueError(
                 f"d_model / n_heads = {self.d_model // self.n_heads} must be even for rotary positions")
         if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
@@ -65,9 +101,8 @@ class ModelConfig:
             raise ValueError(f"tie_embeddings must be true or false, got {self.tie_embeddings!r}")
         if not isinstance(self.extra, dict):
             raise ValueError(f"extra must be a dict (free-form metadata), got {self.extra!r}")
-        if len({self.pad_id, self.bos_id}) != 2 or self.pad_id == self.eos_id:
-            raise ValueError(
-                f"pad_id ({self.pad_id}) must differ from bos_id ({self.bos_id}) and eos_id ({self.eos_id})")
+        if self.pad_id == self.eos_id:  # a padded row would read as ended; bos_id may be either (see above)
+            raise ValueError(f"pad_id ({self.pad_id}) must differ from eos_id ({self.eos_id})")
         self.decoder_mixers = self._normalise_mixers(self.decoder_mixers)
         self.mixer_options = self._normalise_mixer_options(self.mixer_options)
 
@@ -148,11 +183,18 @@ class ModelConfig:
         return cls.from_dict({**data, "mixer_options": options})
 
 
+# The architecture fields added with importing (issue 28): a config saved before them built what their
+# defaults build, hybrid's own architecture, so it reads as if it listed them.
+_ARCHITECTURE_DEFAULTS = {"positions": "rotary", "position_offset": 0, "pre_norm": True, "embedding_norm": False,
+                          "final_norm": True, "activation": "gelu", "embedding_scale": 1.0, "final_logits_bias": False}
+
+
 def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
-    """A config saved before ``mixer_options`` (which had a shared ``lstm_hidden_size`` field), in today's form."""
+    """A config saved before the architecture fields, or before ``mixer_options`` (which had a shared
+    ``lstm_hidden_size`` field), in today's form."""
+    data = {**_ARCHITECTURE_DEFAULTS, **data}
     if "lstm_hidden_size" not in data:
         return data
-    data = dict(data)
     width = data.pop("lstm_hidden_size")
     options = {name: dict(values) for name, values in (data.get("mixer_options") or {}).items()}
     if width is not None:

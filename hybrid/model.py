@@ -12,39 +12,41 @@ import os
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_model, save_model
 from torch import Tensor, nn
 
 from hybrid.config import ModelConfig
 from hybrid.files import write_atomically
 from hybrid.inputs import check_length, check_token_ids, source_mask
-from hybrid.layers import CrossAttention, EncoderSelfAttention, FeedForward
+from hybrid.layers import CrossAttention, EncoderSelfAttention, FeedForward, position_table, residual
 from hybrid.mixers import MIXERS
 from hybrid.state import DecodeState
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+GENERATION_CONFIG_FILE = "generation_config.json"  # the model's own generation defaults, when it has any
 
 
 class EncoderLayer(nn.Module):
-    """Pre-norm transformer encoder layer: x + SelfAttn(LN(x)), then x + FFN(LN(x))."""
+    """Transformer encoder layer: self-attention, then FFN, each a residual block, pre-norm
+    (x + f(LN(x))) by default or post-norm (LN(x + f(x))), as ``config.pre_norm`` says."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        self.residual = residual(config)
         self.attn_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.attn = EncoderSelfAttention(config.d_model, config.n_heads, config.max_positions, config.dropout)
+        self.attn = EncoderSelfAttention(config)
         self.ffn_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout)
+        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout, config.activation)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor, key_mask: Tensor) -> Tensor:
-        x = x + self.dropout(self.attn(self.attn_norm(x), key_mask))
-        return x + self.ffn(self.ffn_norm(x))
+        x = self.residual(x, self.attn_norm, lambda h: self.dropout(self.attn(h, key_mask)))
+        return self.residual(x, self.ffn_norm, self.ffn)
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm decoder layer: token mixer -> cross-attention -> FFN, each a residual block.
+    """Decoder layer: token mixer -> cross-attention -> FFN, each a residual block (pre- or post-norm).
 
     Only the mixer differs between an LSTM and a transformer decoder layer; the
     cross-attention to the encoder is always kept.
@@ -52,28 +54,33 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, config: ModelConfig, mixer: str) -> None:
         super().__init__()
+        self.residual = residual(config)
         self.mixer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.mixer = MIXERS[mixer](config, config.options_for(mixer))
         self.cross_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.cross = CrossAttention(config.d_model, config.n_heads, config.dropout)
         self.ffn_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout)
+        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout, config.activation)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor, keys: Tensor, values: Tensor, key_mask: Tensor) -> Tensor:
         """Parallel form. x: (B, T, D) -> (B, T, D)."""
-        x = x + self.dropout(self.mixer(self.mixer_norm(x)))
-        x = x + self.dropout(self.cross(self.cross_norm(x), keys, values, key_mask))
-        return x + self.ffn(self.ffn_norm(x))
+        x = self.residual(x, self.mixer_norm, lambda h: self.dropout(self.mixer(h)))
+        x = self.residual(x, self.cross_norm, lambda h: self.dropout(self.cross(h, keys, values, key_mask)))
+        return self.residual(x, self.ffn_norm, self.ffn)
 
     def step(self, x: Tensor, layer: int, state: DecodeState, position: int | Tensor) -> Tensor:
-        """Step form. x: (B, D) -> (B, D), updating this layer's mixer state in place."""
-        x = x + self.mixer.step(self.mixer_norm(x), state.mixer_states[layer], position)
+        """Step form. x: (B, D) -> (B, D), updating this layer's mixer state in place (no dropout:
+        stepping is inference)."""
+        x = self.residual(x, self.mixer_norm, lambda h: self.mixer.step(h, state.mixer_states[layer], position))
+        x = self.residual(x, self.cross_norm, lambda h: self._attend(h, layer, state))
+        return self.residual(x, self.ffn_norm, self.ffn.project)
+
+    def _attend(self, x: Tensor, layer: int, state: DecodeState) -> Tensor:
         # The rows of one source (beams, samples) query its memory together: (sources, group, D).
-        queries = self.cross_norm(x).view(-1, state.group_size, x.shape[-1])
+        queries = x.view(-1, state.group_size, x.shape[-1])
         attended = self.cross(queries, state.cross_keys[layer], state.cross_values[layer], state.memory_mask)
-        x = x + attended.view_as(x)
-        return x + self.ffn.fc_out(F.gelu(self.ffn.fc_in(self.ffn_norm(x))))  # no dropout: stepping is inference
+        return attended.view_as(x)
 
 
 class Seq2Seq(nn.Module):
@@ -87,20 +94,30 @@ class Seq2Seq(nn.Module):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)  # shared by encoder and decoder
+        # Each side's own position table and embedding norm (modules without weights where the config has none).
+        self.encoder_positions, self.decoder_positions = position_table(config), position_table(config)
+        self.encoder_embedding_norm, self.decoder_embedding_norm = self._optional_norm(config.embedding_norm), \
+            self._optional_norm(config.embedding_norm)
         self.embed_dropout = nn.Dropout(config.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.encoder_layers))
-        self.encoder_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.encoder_norm = self._optional_norm(config.final_norm)
         self.decoder_layers = nn.ModuleList(DecoderLayer(config, mixer) for mixer in config.decoder_mixers)
-        self.decoder_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.decoder_norm = self._optional_norm(config.final_norm)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.final_logits_bias)
         self.apply(self._init_weights)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        # The model's own defaults for generate() (an imported model's generation config; none for hybrid's
+        # own), which its keyword arguments override; saved as generation_config.json.
+        self.generation_config: dict = {}
         # Set by optimize_for_inference: the exported CPU step, or CUDA-graph decoding on a GPU.
         self.fast_step = None
         self.cuda_graphs = False
         # Set by from_pretrained: the folder the weights came from, where the fast path caches its graphs.
         self.pretrained_folder: Path | None = None
+
+    def _optional_norm(self, present: bool) -> nn.Module:
+        return nn.LayerNorm(self.config.d_model, eps=self.config.layer_norm_eps) if present else nn.Identity()
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -127,7 +144,7 @@ class Seq2Seq(nn.Module):
         src_ids = check_token_ids("src_ids", src_ids, self.config.vocab_size, ndim=2)
         check_length("source length", src_ids.shape[1], self.config.max_positions, "max_positions")
         key_mask = source_mask(src_ids, src_mask, self.config.pad_id)[:, None, None, :]  # (B, 1, 1, S)
-        x = self.embed_dropout(self.embed(src_ids))  # (B, S, D)
+        x = self.embed_dropout(self._embed(src_ids, self.encoder_positions, self.encoder_embedding_norm))  # (B, S, D)
         for layer in self.encoder_layers:
             x = layer(x, key_mask)
         return self.encoder_norm(x), key_mask
@@ -152,10 +169,18 @@ class Seq2Seq(nn.Module):
 
     def decode(self, tgt_ids: Tensor, memory: Tensor, key_mask: Tensor) -> Tensor:
         """Parallel decoder pass over a whole (prefix of a) target: (B, T) -> (B, T, vocab)."""
-        x = self.embed_dropout(self.embed(tgt_ids))  # (B, T, D)
+        x = self.embed_dropout(self._embed(tgt_ids, self.decoder_positions, self.decoder_embedding_norm))  # (B, T, D)
         for layer in self.decoder_layers:
             x = layer(x, *layer.cross.project_memory(memory), key_mask)
         return self.lm_head(self.decoder_norm(x))
+
+    def _embed(self, ids: Tensor, positions: nn.Module, norm: nn.Module, start: int | Tensor = 0) -> Tensor:
+        """Token embeddings (scaled), plus positions from ``start`` when the model adds a table of them, normed
+        when it has an embedding norm: (B, T) -> (B, T, D), or one step (B,) -> (B, D)."""
+        x = self.embed(ids)
+        if self.config.embedding_scale != 1.0:
+            x = x * self.config.embedding_scale
+        return norm(positions(x, start))
 
     # ----- step-wise decoding --------------------------------------------------------
 
@@ -216,7 +241,7 @@ class Seq2Seq(nn.Module):
 
     def _eager_step(self, token_ids: Tensor, state: DecodeState, position: int | Tensor) -> Tensor:
         """The step itself, in PyTorch: what the fast path exports, and runs when it is off."""
-        x = self.embed(token_ids)  # (B, D)
+        x = self._embed(token_ids, self.decoder_positions, self.decoder_embedding_norm, position)  # (B, D)
         for index, layer in enumerate(self.decoder_layers):
             x = layer.step(x, index, state, position)
         return self.lm_head(self.decoder_norm(x))  # (B, vocab)
@@ -269,12 +294,18 @@ class Seq2Seq(nn.Module):
     # ----- persistence ---------------------------------------------------------------
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
-        """Write ``config.json`` and ``model.safetensors`` to ``directory``, each file atomically."""
+        """Write ``config.json`` and ``model.safetensors`` to ``directory``, each file atomically, and
+        ``generation_config.json`` when the model has generation defaults."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         config_text = json.dumps(self.config.to_dict(), indent=2, sort_keys=True)
         write_atomically(directory / CONFIG_FILE, config_text + "\n")
         write_atomically(directory / WEIGHTS_FILE, lambda path: save_model(self, str(path)))
+        if self.generation_config:
+            write_atomically(directory / GENERATION_CONFIG_FILE,
+                             json.dumps(self.generation_config, indent=2, sort_keys=True) + "\n")
+        else:  # a folder saved over keeps no defaults the model no longer has
+            (directory / GENERATION_CONFIG_FILE).unlink(missing_ok=True)
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, device: str | torch.device = "cpu") -> Seq2Seq:
@@ -294,5 +325,14 @@ class Seq2Seq(nn.Module):
         except Exception as error:  # safetensors raises its own error types for a truncated file
             raise ValueError(f"{weights_path} does not hold this config's weights (truncated, corrupt or "
                              f"from another model): {error}") from error
+        generation_path = directory / GENERATION_CONFIG_FILE
+        if generation_path.is_file():
+            try:
+                model.generation_config = json.loads(generation_path.read_text(encoding="utf-8"))
+            except ValueError as error:
+                raise ValueError(f"{generation_path} is not valid JSON: {error}") from error
+            if not isinstance(model.generation_config, dict):
+                raise ValueError(f"{generation_path} must hold a JSON object of generate() options, "
+                                 f"got {type(model.generation_config).__name__}")
         model.pretrained_folder = directory
         return model.to(device).eval()

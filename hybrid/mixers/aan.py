@@ -22,16 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hybrid.layers import sinusoids
 from hybrid.mixers.base import Mixer, MixerOptions, MixerState, Position, require_positive_int
-
-
-def sinusoidal_positions(length: int, width: int) -> Tensor:
-    """Vaswani et al.'s encodings (length, width): PE[t, 2i] = sin(t / 10000^(2i/width)), PE[t, 2i+1] = cos(.)."""
-    angles = torch.arange(length, dtype=torch.float32)[:, None] / 10000.0 ** (
-        torch.arange(0, width, 2, dtype=torch.float32) / width)  # (length, ceil(width/2))
-    table = torch.zeros(length, width)
-    table[:, 0::2], table[:, 1::2] = angles.sin(), angles.cos()[:, :width // 2]
-    return table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +57,7 @@ class AverageAttentionMixer(Mixer):
         self.gates = nn.Linear(2 * d_model, 2 * d_model)  # the input gate i and the forget gate f
         self.dropout = nn.Dropout(config.dropout)
         # Derived from the config, so not saved (as the rotary tables).
-        self.register_buffer("positions", sinusoidal_positions(config.max_positions, d_model), persistent=False)
+        self.register_buffer("positions", sinusoids(config.max_positions, d_model, interleaved=True), persistent=False)
 
     def _mix(self, x: Tensor, average: Tensor) -> Tensor:
         averaged = self.ffn_out(self.dropout(F.relu(self.ffn_in(average))))

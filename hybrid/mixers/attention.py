@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hybrid.layers import RotaryEmbedding, merge_heads, project_qkv
+from hybrid.layers import merge_heads, project_qkv, rotation
 from hybrid.mixers.base import Mixer, MixerState, Position
 
 
@@ -23,19 +23,19 @@ class KVCache(MixerState):
 
 
 class AttentionMixer(Mixer):
-    """Causal self-attention (rotary positions, SDPA). Step mode writes into a KV cache
-    preallocated for the requested length, so nothing is concatenated per step; its
-    memory still grows linearly with the length asked for, which is the cost the LSTM
-    mixer removes."""
+    """Causal self-attention (SDPA; rotary positions, or none when the model adds a table of them).
+    Step mode writes into a KV cache preallocated for the requested length, so nothing is
+    concatenated per step; its memory still grows linearly with the length asked for, which is
+    the cost the LSTM mixer removes."""
 
     constant_state = False
 
     def __init__(self, config, options: Mixer.Options) -> None:
         super().__init__()
-        self.n_heads = config.n_heads
+        self.n_heads, self.head_dim = config.n_heads, config.head_dim
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
         self.out = nn.Linear(config.d_model, config.d_model)
-        self.rotary = RotaryEmbedding(config.head_dim, config.max_positions)
+        self.rotary = rotation(config)
         self.dropout = config.dropout
 
     def _project(self, x: Tensor, start: int | Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -48,7 +48,7 @@ class AttentionMixer(Mixer):
         return self.out(merge_heads(y))
 
     def allocate_state(self, batch_size: int, max_steps: int, device, dtype) -> KVCache:
-        shape = (batch_size, self.n_heads, max_steps, self.rotary.cos.shape[-1])
+        shape = (batch_size, self.n_heads, max_steps, self.head_dim)
         return KVCache(keys=torch.zeros(shape, device=device, dtype=dtype),
                        values=torch.zeros(shape, device=device, dtype=dtype))
 

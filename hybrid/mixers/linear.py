@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hybrid.layers import RotaryEmbedding, merge_heads, project_qkv
+from hybrid.layers import merge_heads, project_qkv, rotation
 from hybrid.mixers.base import Mixer, MixerState, Position
 from hybrid.mixers.ssru import ScanOptions
 
@@ -67,7 +67,7 @@ class LinearAttentionMixer(Mixer):
         self.n_heads, self.head_dim, self.chunk_size = config.n_heads, config.head_dim, options.chunk_size
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model)  # as AttentionMixer's: convert copies them
         self.out = nn.Linear(config.d_model, config.d_model)
-        self.rotary = RotaryEmbedding(config.head_dim, config.max_positions)
+        self.rotary = rotation(config)
         self.dropout = nn.Dropout(config.dropout)
 
     @property

@@ -29,6 +29,19 @@ def test_each_mixer_keeps_its_own_options_with_defaults_spelled_out():
         assert ModelConfig(mixer_options={name: {}}).options_for(name) == MIXERS[name].Options()
 
 
+def test_a_config_saved_before_the_architecture_fields_builds_what_it_built():
+    saved = ModelConfig(d_model=64, n_heads=2).to_dict()
+    for name in ("positions", "position_offset", "pre_norm", "embedding_norm", "final_norm", "activation",
+                 "embedding_scale", "final_logits_bias"):
+        del saved[name]
+    assert ModelConfig.from_saved(saved) == ModelConfig(d_model=64, n_heads=2)
+
+
+def test_the_decoder_may_start_from_padding_or_eos_as_imported_models_do():
+    assert ModelConfig(pad_id=5, bos_id=5, eos_id=0).bos_id == 5  # Marian: decoding starts from its pad id
+    assert ModelConfig(pad_id=1, bos_id=2, eos_id=2).bos_id == 2  # BART: from </s>
+
+
 def test_a_config_saved_with_the_old_shared_lstm_hidden_size_field_still_loads():
     saved = {**ModelConfig(d_model=64, n_heads=2).to_dict(), "lstm_hidden_size": 40}
     del saved["mixer_options"]
@@ -52,7 +65,13 @@ def test_a_config_saved_with_the_old_shared_lstm_hidden_size_field_still_loads()
     (dict(max_positions=0), ["max_positions"]),
     (dict(vocab_size=10, eos_id=10), ["eos_id", "vocab_size=10"]),
     (dict(pad_id=-1), ["pad_id"]),
-    (dict(bos_id=0, pad_id=0), ["pad_id", "bos_id"]),
+    (dict(eos_id=0, pad_id=0), ["pad_id", "eos_id"]),
+    (dict(positions="alibi"), ["positions", "rotary", "learned", "sinusoidal"]),
+    (dict(positions="learned", position_offset=-2), ["position_offset"]),
+    (dict(activation="tanh"), ["activation", "gelu", "relu", "silu"]),
+    (dict(pre_norm="yes"), ["pre_norm"]),
+    (dict(final_logits_bias=1), ["final_logits_bias"]),
+    (dict(embedding_scale=0), ["embedding_scale"]),
     (dict(dropout=1.5), ["dropout"]),
     (dict(dropout=float("nan")), ["dropout"]),
     (dict(layer_norm_eps=-1), ["layer_norm_eps"]),
