@@ -291,6 +291,25 @@ class Seq2Seq(nn.Module):
         self.fast_step, self.cuda_graphs = OnnxStep(self, quantize, cache_dir), False
         return self
 
+    # ----- transformers -------------------------------------------------------------
+
+    @classmethod
+    def from_transformers(cls, model_or_path, device: str | torch.device = "cpu") -> Seq2Seq:
+        """A transformers encoder-decoder (BART, Marian, mBART, M2M100/NLLB; an in-memory model or a local
+        ``save_pretrained`` folder) as a hybrid model with attention mixers, whose logits equal transformers'
+        forward: its weights, its special ids (``bos_id`` is its decoder start) and its generation config
+        (as :attr:`generation_config`). See :mod:`hybrid.hf`; ``hybrid import`` also keeps its tokenizer."""
+        from hybrid.hf.importer import from_transformers
+
+        return from_transformers(model_or_path, device)
+
+    def to_transformers(self):
+        """This model as the transformers model of its family, with the same weights and generation config;
+        only a decoder of attention mixers has one (see :mod:`hybrid.hf.exporter`)."""
+        from hybrid.hf.exporter import to_transformers
+
+        return to_transformers(self)
+
     # ----- persistence ---------------------------------------------------------------
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:

@@ -89,3 +89,63 @@ def compose_config(overrides: list[str], tmp_path: Path, config_name: str = "con
         cfg = compose(config_name, overrides=[*overrides, f"paths.output_dir={tmp_path}"], return_hydra_config=True)
     HydraConfig().set_config(cfg)  # lets ${hydra:...} (the run name) resolve as under `hybrid fit`
     return cfg
+
+
+# ----- transformers families (hybrid.hf): tiny random models built locally, never downloaded --------------
+
+TRANSFORMERS_FAMILIES = ["bart", "mbart", "marian", "m2m_100"]  # every family hybrid.hf.FAMILIES imports
+_FAMILY_CONFIGS = {  # what distinguishes each family's real checkpoints beyond its fixed architecture
+    "bart": ("BartConfig", dict(activation_function="gelu", scale_embedding=False)),
+    "mbart": ("MBartConfig", dict(activation_function="gelu", scale_embedding=True)),
+    "marian": ("MarianConfig", dict(activation_function="swish", scale_embedding=True, pad_token_id=39,
+                                    decoder_start_token_id=39, eos_token_id=0, forced_eos_token_id=0)),
+    "m2m_100": ("M2M100Config", dict(activation_function="relu", scale_embedding=True)),
+}
+HF_VOCAB = 40
+
+
+def tiny_transformers_model(model_type: str, seed: int = 0, dtype: torch.dtype = torch.float32):
+    """A tiny random transformers model of ``model_type`` (``TRANSFORMERS_FAMILIES``), in eval mode.
+
+    Its weights, norms and biases (``final_logits_bias`` too, zero in a fresh model) are redrawn wide, so
+    that a weight mapped to the wrong place, or left out, changes the logits."""
+    import transformers
+
+    from hybrid.hf import FAMILIES
+
+    class_name, fields = _FAMILY_CONFIGS[model_type]
+    config = getattr(transformers, class_name)(
+        vocab_size=HF_VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, **fields)
+    torch.manual_seed(seed)
+    model = getattr(transformers, FAMILIES[model_type].model_class)(config).to(dtype)
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if "embed_positions" in name and FAMILIES[model_type].architecture["positions"] == "sinusoidal":
+                continue  # the fixed sinusoids stay as transformers computes them
+            if "norm" in name:
+                tensor.normal_(1.0 if name.endswith("weight") else 0.0, 0.2)
+            elif tensor.is_floating_point():
+                tensor.normal_(0.0, 0.3 if tensor.dim() > 1 else 0.1)
+        model.get_input_embeddings().weight[config.pad_token_id] = 0.0  # as padding_idx keeps it in training
+    return model.eval()
+
+
+def tiny_transformers_tokenizer(model: object):
+    """A word-level transformers tokenizer over ``model``'s vocabulary ("t3", "t4", ... and its special
+    tokens at its special ids), enough for CTranslate2's converter, which reads the vocabulary from it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    config = model.config
+    special = {config.pad_token_id: "<pad>", config.eos_token_id: "</s>"}
+    if config.bos_token_id is not None and config.bos_token_id not in special:
+        special[config.bos_token_id] = "<s>"
+    unk_id = next(i for i in range(config.vocab_size) if i not in special)
+    special[unk_id] = "<unk>"
+    vocab = {special.get(i, f"t{i}"): i for i in range(config.vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                                   **({"bos_token": "<s>"} if "<s>" in vocab else {}))

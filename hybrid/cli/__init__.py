@@ -50,6 +50,8 @@ VERBS: dict[str, Verb] = {
                      "decode one source per line, in bulk (ckpt_path=... input=... output=... num_beams=N ...)"),
     "export": Verb("export", "export:run_export",
                    "write a checkpoint as a folder that loads without Lightning or Hydra (ckpt_path=... output=...)"),
+    "import": Verb("import", "importing:run_import",
+                   "a transformers BART, Marian, mBART or M2M100/NLLB folder as a hybrid model (hf=... output=...)"),
     "convert": Verb("convert", "convert:run_convert",
                     "swap a trained model's decoder mixers, keep every other weight (ckpt_path=... pattern=... "
                     "output=...)"),

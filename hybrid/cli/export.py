@@ -1,4 +1,5 @@
-"""``hybrid export``: a training checkpoint as a folder that loads with neither Lightning nor Hydra."""
+"""``hybrid export``: a checkpoint as a folder that loads with neither Lightning nor Hydra, or, with
+``format=transformers``, as the transformers model of its family."""
 
 from __future__ import annotations
 
@@ -6,12 +7,27 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from hybrid.training.checkpoint import export_checkpoint
+from hybrid.training.checkpoint import export_checkpoint, load_for_inference
+
+FORMATS = ("hybrid", "transformers")
 
 
 def run_export(cfg: DictConfig) -> Path:
     """Write the model and tokenizer of ``cfg.ckpt_path`` into the folder ``cfg.output`` (the composed
-    ``export.yaml``); it loads with ``Seq2Seq.from_pretrained`` and ``Seq2SeqTokenizer.load``."""
+    ``export.yaml``): as hybrid's own folder, which loads with ``Seq2Seq.from_pretrained`` and
+    ``Seq2SeqTokenizer.load``, or as transformers' (``format=transformers``)."""
+    if cfg.format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {cfg.format!r}")
+    if cfg.format == "transformers":
+        from hybrid.hf.exporter import save_transformers
+        from hybrid.hf.importer import TOKENIZER_FOLDER
+
+        model, _ = load_for_inference(cfg.ckpt_path)
+        tokenizer_folder = Path(cfg.ckpt_path) / TOKENIZER_FOLDER
+        directory = save_transformers(model, cfg.output, tokenizer_folder if tokenizer_folder.is_dir() else None)
+        print(f"wrote {directory}: load it with transformers' AutoModelForSeq2SeqLM.from_pretrained, or convert it "
+              f"with ct2-transformers-converter --model {directory}")
+        return directory
     directory = export_checkpoint(cfg.ckpt_path, cfg.output)
     print(f"wrote {directory}: load it with Seq2Seq.from_pretrained and Seq2SeqTokenizer.load")
     return directory
