@@ -16,7 +16,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from hybrid.training.builders import build_module, build_trainer, model_config_from, resolve_ckpt_path
-from hybrid.training.checkpoint import read_checkpoint
+from hybrid.training.checkpoint import read_checkpoint, read_trained_model
 from hybrid.training.examples import print_examples
 
 if TYPE_CHECKING:
@@ -78,28 +78,32 @@ def run_fit(cfg: DictConfig) -> Trainer:
 
 
 def run_validate(cfg: DictConfig) -> list[dict[str, float]]:
-    """Score the checkpoint ``cfg.ckpt_path`` on the validation split of ``cfg.data``."""
+    """Score the checkpoint or model folder ``cfg.ckpt_path`` on the validation split of ``cfg.data``."""
     return _evaluate(cfg, "validate")
 
 
 def run_test(cfg: DictConfig) -> list[dict[str, float]]:
-    """Score the checkpoint ``cfg.ckpt_path`` on the test split of ``cfg.data``."""
+    """Score the checkpoint or model folder ``cfg.ckpt_path`` on the test split of ``cfg.data``."""
     return _evaluate(cfg, "test")
 
 
 def _evaluate(cfg: DictConfig, verb: str) -> list[dict[str, float]]:
+    """Score a training checkpoint, or a model folder (``hybrid export``'s, or an imported model's with its
+    transformers tokenizer and generation defaults), on the data module's split, encoded with the model's
+    own tokenizer and special ids."""
     lightning = _import_lightning()
     path = resolve_ckpt_path(cfg)
     if not path:
-        raise ValueError(f"hybrid {verb} needs ckpt_path=<checkpoint> (or ckpt_path=last), with the data "
-                         "(or experiment) the model was trained on")
+        raise ValueError(f"hybrid {verb} needs ckpt_path=<checkpoint or model folder> (or ckpt_path=last), with "
+                         "the data (or experiment) the model was trained on")
     lightning.seed_everything(cfg.seed, workers=True)
-    trained = read_checkpoint(path)
+    trained = read_trained_model(path)
     datamodule: Seq2SeqDataModule = instantiate(cfg.data, _convert_="all")
     datamodule.tokenizer = trained.tokenizer  # the ids the model was trained with
     _fit_to_model(datamodule, trained.config)
     module = build_module(cfg, trained.config, datamodule)
     module.model.load_state_dict(trained.state_dict)
+    module.model.generation_config = trained.generation_config  # an imported model decodes as its generate()
     if cfg.optimize:
         from hybrid.fast import cache_dir_for
 

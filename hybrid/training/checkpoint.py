@@ -3,14 +3,19 @@
 A ``LitSeq2Seq`` checkpoint holds the weights under ``state_dict`` (prefixed ``model.``), the
 ``ModelConfig`` as a plain dict under ``model_config`` and the tokenizer as a JSON string under
 ``tokenizer``, so it is read with ``torch.load(..., weights_only=True)``, never through pickle.
+
+A model folder (``save_pretrained``, ``hybrid export``, ``hybrid import``) holds its tokenizer beside the
+weights: hybrid's own tokenizer files, or an imported model's transformers tokenizer in ``tokenizer/``.
+:func:`load_tokenizer` and :func:`save_tokenizer` are the one place that tells them apart.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.fabric.utilities.cloud_io import get_filesystem
@@ -19,8 +24,13 @@ from torch import Tensor
 
 from hybrid.config import ModelConfig
 from hybrid.files import write_atomically
+from hybrid.hf import TOKENIZER_FOLDER
+from hybrid.hf.tokenizer import PretrainedTokenizer
 from hybrid.model import CONFIG_FILE, Seq2Seq
 from hybrid.training.tokenizer import Seq2SeqTokenizer
+
+AnyTokenizer = Seq2SeqTokenizer | PretrainedTokenizer
+_NATIVE_TOKENIZER_FILE = "levels.json"  # one of the files Seq2SeqTokenizer.save writes
 
 _MODEL_PREFIX = "model."  # LitSeq2Seq keeps the network in self.model
 
@@ -48,17 +58,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 @dataclass
 class TrainedModel:
-    """What a training checkpoint holds for inference: the config, the vocabulary and the weights."""
+    """What a training checkpoint (or a model folder) holds for inference: the config, the vocabulary, the
+    weights and the model's own generation defaults (an imported model's; none for a trained one)."""
 
     config: ModelConfig
-    tokenizer: Seq2SeqTokenizer
+    tokenizer: AnyTokenizer
     state_dict: dict[str, Tensor]
     global_step: int
+    generation_config: dict[str, Any] = field(default_factory=dict)
 
     def build(self, device: str | torch.device = "cpu") -> Seq2Seq:
-        """The model with these weights, on ``device``, in eval mode."""
+        """The model with these weights and generation defaults, on ``device``, in eval mode."""
         model = Seq2Seq(self.config)
         model.load_state_dict(self.state_dict, strict=True)
+        model.generation_config = dict(self.generation_config)
         return model.to(device).eval()
 
 
@@ -78,12 +91,48 @@ def read_checkpoint(path: str | os.PathLike) -> TrainedModel:
         raise ValueError(f"{path} lacks {missing}: it was not written by hybrid's LitSeq2Seq with a tokenizer")
     weights = {key.removeprefix(_MODEL_PREFIX): value for key, value in checkpoint["state_dict"].items()
                if key.startswith(_MODEL_PREFIX)}
-    return TrainedModel(ModelConfig.from_saved(checkpoint["model_config"]),
-                        Seq2SeqTokenizer.from_json_str(checkpoint["tokenizer"]),
-                        weights, checkpoint.get("global_step", 0))
+    config = ModelConfig.from_saved(checkpoint["model_config"])
+    return TrainedModel(config, tokenizer_from_json_str(checkpoint["tokenizer"], config), weights,
+                        checkpoint.get("global_step", 0))
 
 
-def write_checkpoint(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, path: str | os.PathLike) -> Path:
+def read_trained_model(path: str | os.PathLike) -> TrainedModel:
+    """A training checkpoint (:func:`read_checkpoint`) or a model folder (:func:`load_for_inference`: an
+    exported model, or an imported one with its own tokenizer and generation defaults) as a :class:`TrainedModel`."""
+    if not Path(path).is_dir():
+        return read_checkpoint(path)
+    model, tokenizer = load_for_inference(path)
+    return TrainedModel(model.config, tokenizer, model.state_dict(), 0, model.generation_config)
+
+
+def tokenizer_from_json_str(data: str, config: ModelConfig) -> AnyTokenizer:
+    """The tokenizer a checkpoint keeps as ``to_json_str`` wrote it: hybrid's own, or an imported model's
+    transformers tokenizer (checked against ``config``, the checkpoint's model)."""
+    if PretrainedTokenizer.is_json_str(data):
+        return PretrainedTokenizer.from_json_str(data, config)
+    return Seq2SeqTokenizer.from_json_str(data)
+
+
+def load_tokenizer(directory: str | os.PathLike, config: ModelConfig) -> AnyTokenizer:
+    """The tokenizer of a model folder: hybrid's own files (``hybrid export``), else the transformers tokenizer
+    in its ``tokenizer/`` subfolder (``hybrid import``), checked against ``config``, the folder's model."""
+    directory = Path(directory)
+    if (directory / _NATIVE_TOKENIZER_FILE).is_file():
+        return Seq2SeqTokenizer.load(directory)
+    if (directory / TOKENIZER_FOLDER).is_dir():
+        return PretrainedTokenizer.load(directory / TOKENIZER_FOLDER, config)
+    raise FileNotFoundError(f"{directory} has no tokenizer: neither hybrid's tokenizer files "
+                            f"({_NATIVE_TOKENIZER_FILE}, source_tokenizer.json, target_tokenizer.json: hybrid export "
+                            f"writes them) nor a {TOKENIZER_FOLDER}/ folder (hybrid import writes one)")
+
+
+def save_tokenizer(tokenizer: AnyTokenizer, directory: str | os.PathLike) -> None:
+    """Write ``tokenizer`` into the model folder ``directory``, where :func:`load_tokenizer` finds it."""
+    directory = Path(directory)
+    tokenizer.save(directory / TOKENIZER_FOLDER if isinstance(tokenizer, PretrainedTokenizer) else directory)
+
+
+def write_checkpoint(model: Seq2Seq, tokenizer: AnyTokenizer, path: str | os.PathLike) -> Path:
     """Write ``model`` and ``tokenizer`` as a ``LitSeq2Seq`` checkpoint holds them (what :func:`read_checkpoint`
     and ``hybrid fit init_from=...`` read: plain data and tensors, at step 0), atomically; returns the path."""
     path = Path(path)
@@ -93,15 +142,16 @@ def write_checkpoint(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, path: str | os
     return write_atomically(path, functools.partial(torch.save, checkpoint))
 
 
-def load_for_inference(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[Seq2Seq, Seq2SeqTokenizer]:
-    """The model (eval mode, on ``device``) and tokenizer from a training checkpoint file or an
-    exported folder (see :func:`export_checkpoint`)."""
+def load_for_inference(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[Seq2Seq, AnyTokenizer]:
+    """The model (eval mode, on ``device``) and tokenizer from a training checkpoint file, an exported
+    folder (see :func:`export_checkpoint`) or an imported one (``hybrid import``; see :func:`load_tokenizer`)."""
     path = Path(path)
     if path.is_dir():
         if not (path / CONFIG_FILE).is_file():
             raise FileNotFoundError(f"{path} is a folder without {CONFIG_FILE}: expected one written by "
-                                    "`hybrid export`, or give a .ckpt file")
-        return Seq2Seq.from_pretrained(path, device=device), Seq2SeqTokenizer.load(path)
+                                    "`hybrid export` or `hybrid import`, or give a .ckpt file")
+        model = Seq2Seq.from_pretrained(path, device=device)
+        return model, load_tokenizer(path, model.config)
     trained = read_checkpoint(path)
     return trained.build(device), trained.tokenizer
 
@@ -109,11 +159,11 @@ def load_for_inference(path: str | os.PathLike, device: str | torch.device = "cp
 def export_checkpoint(checkpoint_path: str | os.PathLike, directory: str | os.PathLike) -> Path:
     """Write a training checkpoint's model (``save_pretrained``) and tokenizer into ``directory``.
 
-    The folder loads with ``Seq2Seq.from_pretrained(directory)`` and
-    ``Seq2SeqTokenizer.load(directory)``, with neither Lightning nor Hydra installed.
+    The folder loads with ``Seq2Seq.from_pretrained(directory)`` and :func:`load_tokenizer`
+    (``Seq2SeqTokenizer.load(directory)`` for hybrid's own), with neither Lightning nor Hydra installed.
     """
     model, tokenizer = load_for_inference(checkpoint_path)
     directory = Path(directory)
     model.save_pretrained(directory)
-    tokenizer.save(directory)
+    save_tokenizer(tokenizer, directory)
     return directory

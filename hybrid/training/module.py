@@ -30,6 +30,7 @@ from torchmetrics.text import CharErrorRate, CHRFScore, Perplexity, SacreBLEUSco
 
 from hybrid.config import ModelConfig
 from hybrid.model import Seq2Seq
+from hybrid.training.checkpoint import tokenizer_from_json_str
 from hybrid.training.data import G2PDataModule, TextDataModule
 from hybrid.training.tokenizer import Seq2SeqTokenizer
 
@@ -316,5 +317,5 @@ class LitSeq2Seq(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Restore the tokenizer and the training seed saved by :meth:`on_save_checkpoint`."""
         if checkpoint.get("tokenizer") is not None:
-            self.tokenizer = Seq2SeqTokenizer.from_json_str(checkpoint["tokenizer"])
+            self.tokenizer = tokenizer_from_json_str(checkpoint["tokenizer"], self.model.config)
         self.seed = checkpoint.get("training_seed", self.seed)
