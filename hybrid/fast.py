@@ -172,15 +172,14 @@ class OnnxStep:
 
     def advance(self, rules, state, rows) -> None:
         """:func:`hybrid.generation.stepping.advance` of every row in one call into ONNX Runtime."""
-        key = ("advance", tuple(rules.suppressed), tuple(rules.eos_ids), rules.pad_id, state.group_size,
+        key = ("advance", *rules.graph_signature, state.group_size,
                *((t.data_ptr(), *t.shape) for t in [rows.tokens, rows.positions, rows.finished, rows.outputs,
                                                      *_state_inputs(state)]))
         binding = self._bindings.get(key)
         if binding is None:
             if len(self._bindings) > 64:
                 self._bindings.clear()
-            session = self._session(("advance", tuple(rules.suppressed), tuple(rules.eos_ids), rules.pad_id,
-                                     state.group_size), rules)
+            session = self._session(("advance", *rules.graph_signature, state.group_size), rules)
             binding = self._bindings[key] = _AdvanceBinding(session, state, rows)
         binding.limits[0].fill_(_min_new_tokens(rules))
         binding.limits[1].fill_(rules.max_new_tokens)
@@ -300,7 +299,7 @@ def graph_key(weights: str, key, quantize: str | None) -> str:
     everything that shapes the graph (the weights, its kind and decoding rules, the quantization, the opset,
     the versions of hybrid's code and of the packages that trace and quantize it), then its kind in words:
     ``<digest>-step-rows3-fp32.onnx`` is the float32 step of three rows per source (beams)."""
-    if isinstance(key, tuple):  # ("advance", suppressed, eos ids, pad id, rows per source): plain greedy
+    if isinstance(key, tuple):  # ("advance", *DecodingRules.graph_signature, rows per source): plain greedy
         kind = f"greedy-rows{key[-1]}"
     else:  # rows per source: beams or samples of one source
         kind = f"step-rows{key}"

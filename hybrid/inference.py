@@ -39,7 +39,7 @@ import torch
 
 from hybrid.files import INPUT_FORMATS, detect_format, open_input, write_atomically
 from hybrid.generation.bulk import RefillDecoder, Source, bucketed_batches, pad_sources
-from hybrid.generation.config import GenerationConfig
+from hybrid.generation.config import GenerationConfig, with_model_defaults
 from hybrid.model import Seq2Seq
 from hybrid.training.tokenizer import Seq2SeqTokenizer
 
@@ -340,7 +340,8 @@ def decode_shard(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, texts: list[str | 
     sampling; ``on_done(sources, tokens)`` is told about each finished batch or sequence.
     """
     device = next(model.parameters()).device
-    copies = job.generation.get("num_return_sequences", 1)
+    options = with_model_defaults(model, job.generation)  # the model's generation_config.json, then the job's
+    copies = options.get("num_return_sequences", 1)
     lines = ["\t".join([""] * copies)] * len(texts)  # an empty source gets empty predictions
     rejects, sources = {}, []
     limit = model.config.max_positions
@@ -355,7 +356,6 @@ def decode_shard(model: Seq2Seq, tokenizer: Seq2SeqTokenizer, texts: list[str | 
             sources.append(Source(index, ids))
     if not sources:
         return lines, rejects
-    options = dict(job.generation)
     if options.get("do_sample") and seed is not None:
         options["generator"] = torch.Generator(device).manual_seed(seed)
     batches = bucketed_batches(sources, job.max_tokens, job.window, job.max_batch_size)
@@ -551,10 +551,11 @@ def _lock(path: Path, what: str):
 def job_fingerprint(job: BulkJob, model: Seq2Seq, tokenizer: Seq2SeqTokenizer, input: str | None,
                     more: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything that decides a bulk job's output, as its manifests record it: the options, the input
-    (its path and a digest of its bytes; standard input has none), the model (a digest of its config
-    and weights), the tokenizer, and ``more``. A rerun whose fingerprint differs is refused, so an
-    edited input or a replaced model never reuses shards of the old one."""
+    (its path and a digest of its bytes; standard input has none), the model (a digest of its config,
+    generation defaults and weights), the tokenizer, and ``more``. A rerun whose fingerprint differs is
+    refused, so an edited input or a replaced model never reuses shards of the old one."""
     model_digest = hashlib.blake2b(json.dumps(model.config.to_dict(), sort_keys=True).encode())
+    model_digest.update(json.dumps(with_model_defaults(model, {}), sort_keys=True).encode())  # generation defaults
     for name, tensor in sorted(model.state_dict().items()):
         model_digest.update(name.encode())
         model_digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())

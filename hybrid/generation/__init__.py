@@ -4,6 +4,8 @@ from hybrid.generation.config import GenerationConfig
 from hybrid.generation.cuda_graph import generate_with_cuda_graph
 from hybrid.generation.engine import GenerateOutput, generate
 from hybrid.generation.processors import (
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
     LogitsProcessorList,
     MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
@@ -24,6 +26,7 @@ __all__ = [
     "LogitsProcessorList", "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
     "RepetitionPenaltyLogitsProcessor", "NoRepeatNGramLogitsProcessor", "NoBadWordsLogitsProcessor",
     "MinNewTokensLengthLogitsProcessor", "SuppressTokensLogitsProcessor",
+    "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor",
     "StoppingCriteriaList", "MaxNewTokensCriteria", "EosTokenCriteria",
     "BaseStreamer", "TokenStreamer", "TokenIteratorStreamer",
 ]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hybrid.generation.config import GenerationConfig
+from hybrid.generation.config import GenerationConfig, with_model_defaults
 from hybrid.generation.rules import DecodingRules
 from hybrid.generation.stepping import Rows, advance
 
@@ -68,10 +68,11 @@ def pad_sources(batch: list[Source], pad_id: int, device) -> Tensor:
 class RefillDecoder:
     """Greedy or sampled decoding over ``slots`` rows that are refilled as sequences finish.
 
-    It takes :func:`hybrid.generation.generate`'s options and applies them through the same
-    :class:`~hybrid.generation.rules.DecodingRules`. Rows sit at different positions, so only the
-    rules that declare ``supports_continuous_batching`` can run here: the minimum length, EOS
-    ids, ``pad_token_id``, the sampling warpers, one-token bad words, and any processor or
+    It takes :func:`hybrid.generation.generate`'s options, laid over the model's own defaults as there,
+    and applies them through the same :class:`~hybrid.generation.rules.DecodingRules`. Rows sit at
+    different positions, so only the rules that declare ``supports_continuous_batching`` can run here:
+    the minimum length, forced BOS and EOS, EOS ids, ``pad_token_id``, ``decoder_start_token_id``, the
+    sampling warpers, one-token bad words, and any processor or
     stopping criterion that reads no more than the newest token (it is given that column as
     ``input_ids``). Rules that read a row's history (penalties, n-gram bans, forced prefixes),
     beam search and several sequences per source are refused, naming them;
@@ -86,7 +87,7 @@ class RefillDecoder:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.model, self.slots = model, slots
-        self.config = GenerationConfig.from_kwargs(**options)
+        self.config = GenerationConfig.from_kwargs(**with_model_defaults(model, options))
         self.rules = DecodingRules(self.config, model.config)
         obstacles = _obstacles(self.config, self.rules)
         if obstacles:
@@ -96,7 +97,7 @@ class RefillDecoder:
     @staticmethod
     def obstacles(model, **options) -> list[str]:
         """What of ``generate``'s ``options`` refill cannot do for ``model``, by name; empty when it can."""
-        config = GenerationConfig.from_kwargs(**options)
+        config = GenerationConfig.from_kwargs(**with_model_defaults(model, options))
         return _obstacles(config, DecodingRules(config, model.config))
 
     def next_tokens(self, logits: Tensor, tokens: Tensor, positions: Tensor) -> Tensor:
@@ -109,7 +110,7 @@ class RefillDecoder:
         """Decode every source; yields ``(index, ids)`` as each finishes (EOS included, no BOS)."""
         model, config, rules = self.model, self.config, self.rules
         device = next(model.parameters()).device
-        pad_id, bos_id = model.config.pad_id, model.config.bos_id
+        pad_id, bos_id = model.config.pad_id, rules.bos_id
         incoming = _EncodedSources(model, (source for batch in batches for source in batch), self.slots, device)
 
         sources = list(itertools.islice(incoming.sources, self.slots))

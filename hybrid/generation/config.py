@@ -41,6 +41,9 @@ class GenerationConfig:
     num_return_sequences: int = 1
     eos_token_id: int | Sequence[int] | None = None
     pad_token_id: int | None = None
+    decoder_start_token_id: int | None = None  # None: the model's bos_id
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: int | Sequence[int] | None = None
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
     bad_words_ids: Sequence[Sequence[int]] | None = None
@@ -79,13 +82,15 @@ class GenerationConfig:
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.output_scores is not None and not isinstance(self.output_scores, bool):
             raise ValueError(f"output_scores must be True, False or None, got {self.output_scores!r}")
-        if self.pad_token_id is not None and not _is_id(self.pad_token_id):
-            raise ValueError(f"pad_token_id must be a token id (an int >= 0) or None, got {self.pad_token_id!r}")
-        eos = self.eos_token_id
-        if eos is not None and not (_is_id(eos) or (isinstance(eos, Sequence) and not isinstance(eos, str)
-                                                    and len(eos) > 0 and all(_is_id(i) for i in eos))):
-            raise ValueError(f"eos_token_id must be a token id (an int >= 0), a non-empty list of them, or None; "
-                             f"got {eos!r}")
+        for name in ("pad_token_id", "decoder_start_token_id", "forced_bos_token_id"):
+            if getattr(self, name) is not None and not _is_id(getattr(self, name)):
+                raise ValueError(f"{name} must be a token id (an int >= 0) or None, got {getattr(self, name)!r}")
+        for name in ("eos_token_id", "forced_eos_token_id"):
+            ids = getattr(self, name)
+            if ids is not None and not (_is_id(ids) or (isinstance(ids, Sequence) and not isinstance(ids, str)
+                                                        and len(ids) > 0 and all(_is_id(i) for i in ids))):
+                raise ValueError(f"{name} must be a token id (an int >= 0), a non-empty list of them, or None; "
+                                 f"got {ids!r}")
         if self.bad_words_ids is not None and not (
                 isinstance(self.bad_words_ids, Sequence) and all(
                     isinstance(word, Sequence) and len(word) > 0 and all(_is_id(i) for i in word)
@@ -148,15 +153,58 @@ class GenerationConfig:
         """The end-of-sequence ids: the option's if given, else the model's."""
         if self.eos_token_id is None:
             return [model_config.eos_id]
-        ids = [self.eos_token_id] if isinstance(self.eos_token_id, int) else list(self.eos_token_id)
-        if not ids or not all(_is_id(i) and i < model_config.vocab_size for i in ids):
-            raise ValueError(f"eos_token_id must be an id or a non-empty list of ids in "
-                             f"[0, vocab_size={model_config.vocab_size}), got {self.eos_token_id!r}")
-        return ids
+        return _ids_in_vocabulary("eos_token_id", self.eos_token_id, model_config.vocab_size)
+
+    def decoder_start_id(self, model_config) -> int:
+        """The id every sequence starts from: the option's if given, else the model's ``bos_id``."""
+        if self.decoder_start_token_id is None:
+            return model_config.bos_id
+        return _id_in_vocabulary("decoder_start_token_id", self.decoder_start_token_id, model_config.vocab_size)
+
+    def forced_ids(self, model_config) -> tuple[int | None, list[int] | None]:
+        """``forced_bos_token_id`` and the list of ``forced_eos_token_id``, each checked against the vocabulary."""
+        vocab_size = model_config.vocab_size
+        bos = None if self.forced_bos_token_id is None else _id_in_vocabulary(
+            "forced_bos_token_id", self.forced_bos_token_id, vocab_size)
+        eos = None if self.forced_eos_token_id is None else _ids_in_vocabulary(
+            "forced_eos_token_id", self.forced_eos_token_id, vocab_size)
+        return bos, eos
+
+
+def with_model_defaults(model, options: dict[str, Any]) -> dict[str, Any]:
+    """``generate``'s ``options`` laid over the model's own generation defaults (``model.generation_config``,
+    read from its ``generation_config.json``), as transformers lays ``generate()``'s keyword arguments over
+    the model's ``generation_config``: an option given always wins. The defaults must be valid by
+    themselves, and hold only options a file can (:meth:`GenerationConfig.command_line_options`)."""
+    defaults = getattr(model, "generation_config", None) or {}
+    allowed = GenerationConfig.command_line_options()
+    unknown = sorted(set(defaults) - allowed)
+    if unknown:
+        raise ValueError(f"the model's generation defaults (generation_config.json) hold unknown options {unknown}; "
+                         f"allowed: {sorted(allowed)}")
+    try:
+        GenerationConfig.from_kwargs(**defaults)
+    except ValueError as error:
+        raise ValueError(f"the model's generation defaults (generation_config.json) are invalid: {error}") from None
+    return {**defaults, **options}
 
 
 def _is_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _id_in_vocabulary(name: str, value: int, vocab_size: int) -> int:
+    if not (_is_id(value) and value < vocab_size):
+        raise ValueError(f"{name} must be an id in [0, vocab_size={vocab_size}), got {value!r}")
+    return value
+
+
+def _ids_in_vocabulary(name: str, value: int | Sequence[int], vocab_size: int) -> list[int]:
+    ids = [value] if isinstance(value, int) else list(value)
+    if not ids or not all(_is_id(i) and i < vocab_size for i in ids):
+        raise ValueError(f"{name} must be an id or a non-empty list of ids in [0, vocab_size={vocab_size}), "
+                         f"got {value!r}")
+    return ids
 
 
 def _is_number(value: object) -> bool:

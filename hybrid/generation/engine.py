@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hybrid.generation.config import GenerationConfig
+from hybrid.generation.config import GenerationConfig, with_model_defaults
 from hybrid.generation.rules import DecodingRules
 from hybrid.generation.sessions import CachedSession, UncachedSession
 from hybrid.generation.stepping import Rows
@@ -48,12 +48,15 @@ class GenerateOutput:
 def generate(model, src_ids: Tensor, src_mask: Tensor | None = None, **options) -> Tensor | GenerateOutput:
     """Decode ``src_ids`` (B, S) with the options of :class:`GenerationConfig` (transformers' names).
 
-    Returns (B * num_return_sequences, L) ids after BOS, EOS included, ``pad_id`` after it,
-    or a :class:`GenerateOutput` with ``return_dict_in_generate=True`` (or ``return_dict=True``).
-    Every option is checked before any compute. Padding and BOS are never generated, unless a
-    ``SuppressTokensLogitsProcessor`` of your own takes the place of that ban (transformers' rule).
+    Options not given are the model's own defaults (``model.generation_config``, as transformers'
+    ``generation_config``), then :class:`GenerationConfig`'s.
+    Returns (B * num_return_sequences, L) ids after the decoder start, EOS included, ``pad_id`` after
+    it, or a :class:`GenerateOutput` with ``return_dict_in_generate=True`` (or ``return_dict=True``).
+    Every option is checked before any compute. Padding and the decoder start are never generated
+    (unless an EOS id), unless a ``SuppressTokensLogitsProcessor`` of your own takes the place of that
+    ban (transformers' rule).
     """
-    return decode(model, src_ids, src_mask, GenerationConfig.from_kwargs(**options))
+    return decode(model, src_ids, src_mask, GenerationConfig.from_kwargs(**with_model_defaults(model, options)))
 
 
 def _session_class(model, config: GenerationConfig, device: torch.device) -> type:

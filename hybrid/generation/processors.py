@@ -333,6 +333,51 @@ def ban_end_of_sequence_while_short(scores: Tensor, generated: int | Tensor, min
     return scores.masked_fill(eos_mask(scores.shape[-1], scores.device) & too_short, -math.inf)
 
 
+class ForcedBOSTokenLogitsProcessor:
+    """Force `bos_token_id` as the first generated token (mBART's and NLLB's target language, BART's `<s>`).
+
+    At the step where `input_ids` holds the decoder start alone, every score becomes -inf but
+    `bos_token_id`'s, which becomes 0; other steps are left alone.
+    """
+
+    supports_continuous_batching = False  # it counts the columns of input_ids
+
+    def __init__(self, bos_token_id: int) -> None:
+        self._forced = _TokenMask([_check_int("bos_token_id", bos_token_id, 0)])
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        return force_tokens_where(scores, input_ids.shape[-1] == 1, self._forced)
+
+
+class ForcedEOSTokenLogitsProcessor:
+    """Force end-of-sequence as the last token: at the step that makes `input_ids` `max_length` long.
+
+    At that step every score becomes -inf but those of `eos_token_id` (an id or a non-empty list of ids),
+    which become 0. An encoder-decoder's `max_length` counts the decoder start: 1 + max_new_tokens.
+    """
+
+    supports_continuous_batching = False  # it counts the columns of input_ids
+
+    def __init__(self, max_length: int, eos_token_id: int | list[int]) -> None:
+        self.max_length = _check_int("max_length", max_length, 1)
+        self._forced = _TokenMask(_check_token_ids("eos_token_id", eos_token_id))
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        return force_tokens_where(scores, input_ids.shape[-1] == self.max_length - 1, self._forced)
+
+
+def force_tokens_where(scores: Tensor, rows: bool | Tensor, forced: _TokenMask) -> Tensor:
+    """The forcing rule of the two processors above, written once: in ``rows`` (one bool for the batch, or
+    one per row (B,) where rows' counts differ), every score becomes -inf but the ``forced`` ids', 0."""
+    if rows is False:
+        return scores
+    vocab_size = scores.shape[-1]
+    forced_scores = scores.new_full((vocab_size,), -math.inf).masked_fill(forced(vocab_size, scores.device), 0.0)
+    if rows is True:
+        return forced_scores.expand_as(scores).clone()
+    return torch.where(rows[:, None], forced_scores, scores)
+
+
 class SuppressTokensLogitsProcessor:
     """Ban some tokens at every step, e.g. padding or unknown-word tokens.
 

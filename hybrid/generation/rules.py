@@ -5,18 +5,33 @@ it the same way: ``generate``'s greedy, sampling and beam search, continuous ref
 (:mod:`hybrid.generation.bulk`) and the CUDA-graph loop (:mod:`hybrid.generation.cuda_graph`).
 The rules follow transformers' ``generate()`` wherever the option names are transformers':
 
+- **The options** are the model's own generation defaults (``model.generation_config``, from its
+  ``generation_config.json``) with ``generate()``'s keyword arguments laid over them: an option
+  given always wins (:func:`hybrid.generation.config.with_model_defaults`).
 - **The processor chain** runs in transformers' order (``GenerationMixin._get_logits_processor``):
-  repetition penalty, no-repeat n-grams, bad words, the minimum length, the suppressed ids, the
-  user's ``logits_processor`` (one of the same type as a built-in takes its place, as in
-  ``_merge_criteria_processor_list``; transformers' own class of a built-in's name is its type),
-  then, when sampling, temperature, top-k, top-p and min-p.
+  repetition penalty, no-repeat n-grams, bad words, the minimum length, the forced BOS, the forced
+  EOS, the suppressed ids, the user's ``logits_processor`` (one of the same type as a built-in takes
+  its place, as in ``_merge_criteria_processor_list``; transformers' own class of a built-in's name
+  is its type), then, when sampling, temperature, top-k, top-p and min-p.
   Beam search runs it on log-probabilities, after ``log_softmax``, as transformers does.
-- **Padding and BOS are never generated.** This is hybrid's one standing difference, and it is
-  expressed as transformers would: as if ``suppress_tokens=[pad_token_id, bos_token_id]`` were
-  given (an EOS id is never suppressed). So, like that built-in, it gives way to a user's
-  ``SuppressTokensLogitsProcessor``, hybrid's or transformers' own; then padding and BOS are tokens
-  like any other: a row ends only at EOS, ``max_new_tokens`` or a criterion, never at a generated
-  padding id, and only the fill after its end is padding by position.
+- **The special ids are the model's.** A sequence starts from ``decoder_start_token_id`` (by default
+  the model's ``bos_id``, transformers' ``decoder_start_token_id``); it may equal the padding id
+  (Marian, T5) or an EOS id (BART, mBART, NLLB). The start is column 0, fed and never generated, so
+  it is never taken for padding or for an end, whatever id it shares.
+- **Padding and the decoder start are never generated, EOS ids excepted.** This is hybrid's one standing
+  difference, and it is expressed as transformers would: as if ``suppress_tokens`` held the model's
+  padding, ``pad_token_id`` and the decoder start, less every EOS id (so BART, whose start is its EOS,
+  bans only its padding, and Marian, whose start is its padding, bans that one id). So, like that
+  built-in, it gives way to a user's ``SuppressTokensLogitsProcessor``, hybrid's or transformers' own;
+  then padding and the start are tokens like any other: a row ends only at EOS, ``max_new_tokens`` or
+  a criterion, never at a generated padding id, and only the fill after its end is padding by
+  position. A forced BOS or EOS that the ban would suppress is refused up front.
+- **Forced BOS and EOS** (a model's ``generation_config``: mBART's and NLLB's target language, BART's
+  ``<s>``, Marian's ``</s>``) with transformers' ``ForcedBOSTokenLogitsProcessor`` and
+  ``ForcedEOSTokenLogitsProcessor``: ``forced_bos_token_id`` is the first generated token of a row
+  whose forced prefix is the start alone; ``forced_eos_token_id`` (an id or a list) is the token a row
+  generates after ``max_new_tokens - 1`` of its own, counted after its forced prefix. Both are generated
+  tokens: they count towards the lengths and are scored 0 before the rest of the chain.
 - **The minimum length** bans EOS until a row has generated ``min_new_tokens`` tokens, counted
   after its forced prefix (transformers' ``MinNewTokensLengthLogitsProcessor``), per row.
 - **A forced prefix** (``decoder_input_ids``, right-padded, one per row) is fed, not generated:
@@ -31,7 +46,7 @@ The rules follow transformers' ``generate()`` wherever the option names are tran
   row whose every score is -inf takes ``eos_ids[0]`` (score 0), so it ends there instead of
   sampling from NaN. All of it is tensor arithmetic on the device, with no host sync per step.
   Options that leave nothing to generate (a minimum length over a vocabulary of EOS, padding and
-  BOS) are refused up front. A user
+  the decoder start) are refused up front. A user
   processor must return a float tensor of the scores' shape; anything else is refused by name, and so
   is a stopping criterion's answer that is not a bool tensor of shape (rows,) or one bool for every row
   (:class:`~hybrid.generation.stopping.StoppingCriteriaList`). In beam search a slot of the pool that
@@ -39,7 +54,8 @@ The rules follow transformers' ``generate()`` wherever the option names are tran
 
 Each rule declares whether continuous batching can honour it, with transformers' per-processor
 flag ``supports_continuous_batching``: refill's rows sit at different positions, so it can run only
-rules that read the scores and at most the newest column of ``input_ids``.
+rules that read the scores, at most the newest column of ``input_ids`` and each row's own count of
+generated tokens (the minimum length, the forced BOS and EOS).
 :meth:`DecodingRules.continuous_batching_obstacles` reads those flags; there is no list of options
 beside them.
 """
@@ -56,6 +72,8 @@ from torch import Tensor
 
 from hybrid.generation.config import GenerationConfig
 from hybrid.generation.processors import (
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
     MinPLogitsWarper,
     NoBadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
@@ -66,11 +84,12 @@ from hybrid.generation.processors import (
     TopPLogitsWarper,
     _TokenMask,
     ban_end_of_sequence_while_short,
+    force_tokens_where,
 )
 from hybrid.generation.stopping import StoppingCriteriaList
 from hybrid.inputs import check_token_ids
 
-_SUPPRESSED = "padding and BOS, never generated"
+_SUPPRESSED = "padding and the decoder start, never generated"
 
 
 @dataclass
@@ -100,14 +119,57 @@ class _MinNewTokens:
     """``min_new_tokens`` over rows whose generated counts differ (forced prefixes, refilled rows)."""
 
     name = "min_new_tokens"
+    # No user's processor takes its place: transformers enforces min_new_tokens twice (MinLengthLogitsProcessor
+    # too), so one of either type leaves it standing.
+    kind = None
     supports_continuous_batching = True  # each row's own count is known; its history is not needed
 
-    def __init__(self, min_new_tokens: int, eos_ids: list[int]) -> None:
+    def __init__(self, min_new_tokens: int | Tensor, eos_ids: list[int]) -> None:
         self.min_new_tokens = min_new_tokens
         self.eos_mask = _TokenMask(eos_ids)
 
     def __call__(self, input_ids: Tensor, scores: Tensor, generated: Tensor) -> Tensor:
         return ban_end_of_sequence_while_short(scores, generated, self.min_new_tokens, self.eos_mask)
+
+
+class _ForcedBOS:
+    """``forced_bos_token_id``: the first generated token of a row whose forced prefix is the decoder start
+    alone, where transformers' processor sees an ``input_ids`` of one column. Wherever rows sit at
+    different positions (refill, the fast path) ``input_ids`` is one column wide and nothing is forced, so
+    a row's first token is the one it generates with none before it."""
+
+    name = "forced_bos_token_id"
+    kind = ForcedBOSTokenLogitsProcessor
+    supports_continuous_batching = True
+
+    def __init__(self, token_id: int) -> None:
+        self.forced = _TokenMask([token_id])
+
+    def __call__(self, input_ids: Tensor, scores: Tensor, generated: Tensor) -> Tensor:
+        if input_ids.shape[1] > 1:  # every row is past its start
+            return scores
+        return force_tokens_where(scores, generated == 0, self.forced)
+
+
+class _ForcedEOS:
+    """``forced_eos_token_id``: the token a row generates last, when it has ``max_new_tokens - 1`` (its own
+    count, after any forced prefix, as ``max_new_tokens`` counts)."""
+
+    name = "forced_eos_token_id"
+    kind = ForcedEOSTokenLogitsProcessor
+    supports_continuous_batching = True
+
+    def __init__(self, max_new_tokens: int | Tensor, token_ids: list[int]) -> None:
+        self.max_new_tokens, self.token_ids = max_new_tokens, token_ids
+        self.forced = _TokenMask(token_ids)
+
+    def __call__(self, input_ids: Tensor, scores: Tensor, generated: Tensor) -> Tensor:
+        return force_tokens_where(scores, generated == self.max_new_tokens - 1, self.forced)
+
+
+# The built-in rules that read each row's generated count and fixed ids: with the standing ban alone they
+# always leave EOS or a token allowed, and they need no history, so the fast path runs them in its graph.
+_LENGTH_RULES = (_MinNewTokens, _ForcedBOS, _ForcedEOS)
 
 
 class DecodingRules:
@@ -120,20 +182,29 @@ class DecodingRules:
     def __init__(self, config: GenerationConfig, model_config) -> None:
         self.config = config
         self.vocab_size = model_config.vocab_size
-        self.bos_id = model_config.bos_id
+        self.bos_id = config.decoder_start_id(model_config)
         self.eos_ids = config.eos_ids(model_config)
         self.pad_id = _pad_id(config, model_config)
+        self.forced_bos_id, self.forced_eos_ids = config.forced_ids(model_config)
         self.max_new_tokens = config.max_new_tokens
+        # An id may be both the decoder start and padding (Marian, T5) or EOS (BART, mBART, NLLB): EOS is
+        # never banned, so that a row can end.
         standing_ban = sorted({model_config.pad_id, self.pad_id, self.bos_id} - set(self.eos_ids))
-        self.chain = _processor_chain(config, self.eos_ids, standing_ban)
+        self.chain = _processor_chain(config, self.eos_ids, standing_ban, self.forced_bos_id, self.forced_eos_ids)
         # The ids never generated: none once a user's SuppressTokensLogitsProcessor took the ban's place.
         self.suppressed = standing_ban if any(rule.name == _SUPPRESSED for rule in self.chain) else []
         if config.min_new_tokens > 0 and not set(range(self.vocab_size)) - set(self.suppressed) - set(self.eos_ids):
             raise ValueError(f"min_new_tokens={config.min_new_tokens} leaves nothing to generate: the vocabulary "
                              f"({self.vocab_size} ids) holds only EOS {self.eos_ids} and the suppressed padding and "
-                             f"BOS {self.suppressed}")
+                             f"decoder start {self.suppressed}")
+        for name, ids in (("forced_bos_token_id", [self.forced_bos_id]), ("forced_eos_token_id", self.forced_eos_ids)):
+            banned = sorted(set(ids or []) & set(self.suppressed))
+            if banned:
+                raise ValueError(f"{name} forces {banned}, which is padding or the decoder start, never generated "
+                                 f"(suppressed: {self.suppressed}); force another id, or give a "
+                                 "SuppressTokensLogitsProcessor of your own to take the place of that ban")
         # Only these rules ban by length and by fixed ids, which always leaves EOS or a token after it.
-        self.can_ban_every_token = not all(isinstance(rule, _MinNewTokens) or rule.name == _SUPPRESSED
+        self.can_ban_every_token = not all(isinstance(rule, _LENGTH_RULES) or rule.name == _SUPPRESSED
                                            for rule in self.chain)
         self.stopping = StoppingCriteriaList(config.stopping_criteria or [])
         self._eos: dict[torch.device, Tensor] = {}  # built once per device: a copy to a GPU syncs with it
@@ -199,21 +270,30 @@ class DecodingRules:
         with the limits as inputs of the graph, so one export serves every ``max_new_tokens``."""
         rules = copy.copy(self)
         rules.max_new_tokens = max_new_tokens
-        rules.chain = [rule for rule in self.chain if not isinstance(rule, _MinNewTokens)]
+        rules.chain = [_ForcedEOS(max_new_tokens, rule.token_ids) if isinstance(rule, _ForcedEOS) else rule
+                       for rule in self.chain if not isinstance(rule, _MinNewTokens)]
         rules.chain.insert(self._min_length_slot(), _MinNewTokens(min_new_tokens, self.eos_ids))
         return rules
 
     def _min_length_slot(self) -> int:
         """Where the minimum-length rule stands in the chain: after the penalties and bans, before the rest."""
         for index, rule in enumerate(self.chain):
-            if isinstance(rule, _MinNewTokens) or rule.name == _SUPPRESSED:
+            if isinstance(rule, _LENGTH_RULES) or rule.name == _SUPPRESSED:
                 return index
         return len(self.chain)
 
     @property
+    def graph_signature(self) -> tuple:
+        """Every id that rules which read only lengths depend on: what the fast path's greedy graph holds
+        as constants (the length limits are its inputs), so a graph is made, and cached, once per value."""
+        return (tuple(self.suppressed), tuple(self.eos_ids), self.pad_id, self.forced_bos_id,
+                tuple(self.forced_eos_ids or ()))
+
+    @property
     def reads_only_lengths(self) -> bool:
-        """True when every rule is the minimum length or the suppressed ids, and the choice is greedy: then the
-        rules depend on nothing but the counts, and the fast path can run them inside its graph."""
+        """True when every rule is the minimum length, a forced BOS or EOS or the suppressed ids, and the
+        choice is greedy: then the rules depend on nothing but the counts (and the ids of
+        :attr:`graph_signature`), and the fast path can run them inside its graph."""
         return not self.can_ban_every_token and not self.config.do_sample and not self.stopping
 
     def continuous_batching_obstacles(self) -> list[str]:
@@ -226,8 +306,9 @@ class DecodingRules:
         return obstacles
 
     def forced_prefix(self, sources: int, device: torch.device) -> tuple[Tensor, Tensor, int]:
-        """The forced prefix of ``sources`` rows: (sources, P) ids that start with BOS, right-padded with
-        ``pad_token_id``; each row's length (sources,); and the first step at which some row is free."""
+        """The forced prefix of ``sources`` rows: (sources, P) ids that start with the decoder start,
+        right-padded with ``pad_token_id`` after it; each row's length (sources,); and the first step at
+        which some row is free."""
         bos = torch.full((sources, 1), self.bos_id, dtype=torch.long, device=device)
         decoder_input_ids = self.config.decoder_input_ids
         if decoder_input_ids is None:
@@ -238,6 +319,7 @@ class DecodingRules:
         if not bool((ids[:, 0] == self.bos_id).all()):
             ids = torch.cat([bos, ids], dim=1)  # as in transformers, the decoder start token is prepended
         is_token = ids != self.pad_id
+        is_token[:, 0] = True  # the decoder start, which may be the padding id (Marian, T5)
         lengths = is_token.sum(dim=1)
         expected = torch.arange(1, ids.shape[1] + 1, device=device).clamp(max=lengths[:, None])
         if bool((is_token.cumsum(dim=1) != expected).any()):
@@ -254,15 +336,21 @@ def _pad_id(config: GenerationConfig, model_config) -> int:
     return pad_id
 
 
-def _same_type(user: object, built_in: object) -> bool:
+def _same_type(user: object, kind: type) -> bool:
     """Whether a user's processor is of a built-in's type, for transformers' merge rule. hybrid's built-ins are
     transformers' processors written again, so transformers' own class of the same name is the same type."""
-    kind, users_kind = type(built_in), type(user)
+    users_kind = type(user)
     return users_kind is kind or (users_kind.__name__ == kind.__name__
                                   and users_kind.__module__.startswith("transformers."))
 
 
-def _processor_chain(config: GenerationConfig, eos_ids: list[int], suppressed: list[int]) -> list:
+def _kind(rule) -> type | None:
+    """The processor type a built-in rule stands for, which a user's processor of that type replaces."""
+    return type(rule.processor) if isinstance(rule, _Processor) else rule.kind
+
+
+def _processor_chain(config: GenerationConfig, eos_ids: list[int], suppressed: list[int], forced_bos_id: int | None,
+                     forced_eos_ids: list[int] | None) -> list:
     """The processors in transformers' order, with the user's merged in as transformers merges them."""
     built_in = []
     if config.repetition_penalty != 1.0:
@@ -274,14 +362,18 @@ def _processor_chain(config: GenerationConfig, eos_ids: list[int], suppressed: l
         built_in.append(_Processor(NoBadWordsLogitsProcessor(words, eos_ids), "bad_words_ids"))
     if config.min_new_tokens > 0:
         built_in.append(_MinNewTokens(config.min_new_tokens, eos_ids))
+    if forced_bos_id is not None:
+        built_in.append(_ForcedBOS(forced_bos_id))
+    if forced_eos_ids is not None:
+        built_in.append(_ForcedEOS(config.max_new_tokens, forced_eos_ids))
     if suppressed:
         built_in.append(_Processor(SuppressTokensLogitsProcessor(suppressed), _SUPPRESSED))
     users = list(config.logits_processor or [])
     chain, used = [], []
     for rule in built_in:
         # transformers: a user's processor of the same type as a built-in one takes its place.
-        replacement = next((user for user in users if isinstance(rule, _Processor)
-                            and _same_type(user, rule.processor)), None)
+        kind = _kind(rule)
+        replacement = None if kind is None else next((user for user in users if _same_type(user, kind)), None)
         if replacement is None:
             chain.append(rule)
         else:

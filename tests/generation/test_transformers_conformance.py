@@ -58,9 +58,10 @@ class HybridForTransformers(transformers.PreTrainedModel, transformers.Generatio
     config_class = _Config
     main_input_name = "input_ids"
 
-    def __init__(self, model) -> None:
-        config = _Config(vocab_size=model.config.vocab_size, is_encoder_decoder=True, pad_token_id=FILL,
-                         bos_token_id=BOS, eos_token_id=EOS, decoder_start_token_id=BOS)
+    def __init__(self, model, pad_token_id: int = FILL) -> None:
+        config = _Config(vocab_size=model.config.vocab_size, is_encoder_decoder=True, pad_token_id=pad_token_id,
+                         bos_token_id=model.config.bos_id, eos_token_id=model.config.eos_id,
+                         decoder_start_token_id=model.config.bos_id)
         super().__init__(config)
         self.model = model
         self.encoder = _Encoder(model)
@@ -98,11 +99,11 @@ def theirs(wrapped, src, **options):
                                 suppress_tokens=[PAD, BOS, FILL], **options)
 
 
-def normalise(rows) -> list[list[int]]:
+def normalise(rows, fill: int = FILL) -> list[list[int]]:
     """Each row as a list with the trailing fill stripped."""
     out = []
     for row in rows.tolist():
-        while row and row[-1] == FILL:
+        while row and row[-1] == fill:
             row.pop()
         out.append(row)
     return out
@@ -298,3 +299,93 @@ def two_sample_chi_square(a, b) -> tuple[float, int]:
     seen = (counts_a + counts_b) > 0
     statistic = ((counts_a - counts_b)[seen] ** 2 / (counts_a + counts_b)[seen]).sum().item()
     return statistic, max(int(seen.sum()), 2)
+
+
+# transformers' ForcedBOSTokenLogitsProcessor and ForcedEOSTokenLogitsProcessor, from the options of an imported
+# model's generation config. max_new_tokens=8 makes the forced EOS the last token of rows still running there.
+FORCED_CASES = {
+    "forced_bos": dict(forced_bos_token_id=5),
+    "forced_eos": dict(forced_eos_token_id=EOS),
+    "forced_eos_not_an_eos": dict(forced_eos_token_id=9),  # the last token is 9; the row ends at the limit
+    "forced_eos_list": dict(forced_eos_token_id=[EOS, 7], eos_token_id=[EOS, 7]),
+    "both_over_the_minimum_length": dict(forced_bos_token_id=5, forced_eos_token_id=EOS, min_new_tokens=8),
+}
+
+
+@pytest.mark.parametrize("options", FORCED_CASES.values(), ids=FORCED_CASES.keys())
+@pytest.mark.parametrize("strategy", [dict(), dict(num_beams=3, num_return_sequences=2)], ids=["greedy", "beam"])
+def test_forced_bos_and_eos_tokens_and_scores(models, options, strategy):
+    model, wrapped = models
+    src = padded_batch(LENGTHS, vocab=VOCAB, seed=40)
+    mine = ours(model, src, max_new_tokens=8, return_dict=True, **strategy, **options)
+    reference = theirs(wrapped, src, max_new_tokens=8, return_dict_in_generate=True, output_scores=True,
+                       **strategy, **options)
+    assert normalise(mine.sequences) == normalise(reference.sequences[:, 1:])
+    if "num_beams" in strategy:
+        assert torch.allclose(mine.sequences_scores, reference.sequences_scores, atol=1e-5)
+    else:  # each step's processed scores of the rows still running (hybrid's finished rows have left: -inf)
+        for step_scores, reference_scores in zip(mine.scores, reference.scores, strict=False):
+            running = step_scores.isfinite().any(dim=-1)
+            assert torch.allclose(step_scores[running], reference_scores[running], atol=1e-5)
+
+
+@pytest.mark.parametrize("num_beams", [1, 2])
+def test_forced_bos_and_eos_after_a_forced_prefix(models, num_beams):
+    # transformers forces BOS only where input_ids is the decoder start alone, and counts max_length after
+    # the prompt: after a longer prefix no BOS is forced, and the forced EOS is the 8th token after it.
+    model, wrapped = models
+    src = padded_batch(LENGTHS, vocab=VOCAB, seed=41)
+    prefix = torch.tensor([[BOS, 5, 6]] * len(LENGTHS))
+    options = dict(forced_bos_token_id=9, forced_eos_token_id=EOS, min_new_tokens=8)
+    mine = ours(model, src, max_new_tokens=8, num_beams=num_beams, decoder_input_ids=prefix, **options)
+    reference = theirs(wrapped, src, max_new_tokens=8, num_beams=num_beams, decoder_input_ids=prefix, **options)
+    assert normalise(mine) == normalise(reference[:, 1:])
+    assert (mine[:, 2] != 9).any() and (mine[:, 9] == EOS).all()
+
+
+def test_a_forced_token_processor_of_your_own_takes_the_place_of_the_option(models):
+    # transformers' merge rule: the user's forced EOS, which never fires within 8 tokens, replaces
+    # forced_eos_token_id=9, so no row ends with 9. A user's minimum length leaves min_new_tokens standing, in
+    # both: transformers enforces it twice (MinLengthLogitsProcessor too), and replaces only one of them.
+    model, wrapped = models
+    src = padded_batch(LENGTHS * 2, vocab=VOCAB, seed=42)
+    yours = [transformers.ForcedEOSTokenLogitsProcessor(100, EOS),
+             transformers.MinNewTokensLengthLogitsProcessor(1, 2, EOS)]
+    options = dict(forced_eos_token_id=9, min_new_tokens=6, logits_processor=yours)
+    mine = ours(model, src, max_new_tokens=8, **options)
+    reference = theirs(wrapped, src, max_new_tokens=8, **as_transformers(options))
+    assert normalise(mine) == normalise(reference[:, 1:])
+    assert (mine[:, 7] != 9).any()
+
+
+# The special ids of imported families: (pad_id, bos_id = the decoder start, eos_id) and generation options of
+# their generation configs. The source's padding is the model's, so source ids avoid every special id.
+FAMILIES = {
+    "marian": (dict(pad_id=VOCAB - 1, bos_id=VOCAB - 1, eos_id=0), dict(forced_eos_token_id=0)),  # start = pad
+    "t5": (dict(pad_id=0, bos_id=0, eos_id=1), dict()),  # start = pad
+    "bart": (dict(pad_id=1, bos_id=2, eos_id=2), dict(forced_bos_token_id=0, forced_eos_token_id=2)),  # start = EOS
+}
+
+
+@pytest.mark.parametrize("strategy", [dict(), dict(num_beams=3, num_return_sequences=3)], ids=["greedy", "beam"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_imported_familys_ids_and_generation_options(family, strategy):
+    # hybrid never generates the padding and the decoder start, less the EOS ids: transformers is given that
+    # as suppress_tokens. The output's fill is the model's padding in both.
+    ids, options = FAMILIES[family]
+    model = tiny_model(["lstm", "attention"], seed=43, vocab_size=VOCAB, **ids).double()
+    with torch.no_grad():  # the start, a likely token, shows that the ban holds and that EOS is never banned
+        model.embed.weight[ids["bos_id"]] *= 2.0
+    wrapped = HybridForTransformers(model, pad_token_id=ids["pad_id"]).eval()
+    src = padded_batch(LENGTHS, vocab=VOCAB - 1, pad_id=ids["pad_id"], seed=44)  # ids 3 .. VOCAB - 2
+    banned = sorted({ids["pad_id"], ids["bos_id"]} - {ids["eos_id"]})
+    for row in range(2):  # one source per call in beam search (transformers stops a batch together)
+        rows = src if not strategy else src[row:row + 1, :LENGTHS[row]]
+        mine = model.generate(rows, max_new_tokens=8, return_dict=True, **strategy, **options)
+        with torch.no_grad():
+            reference = wrapped.generate(input_ids=rows, attention_mask=rows.ne(ids["pad_id"]), use_cache=False,
+                                         suppress_tokens=banned, max_new_tokens=8, return_dict_in_generate=True,
+                                         output_scores=True, **strategy, **options)
+        assert normalise(mine.sequences, ids["pad_id"]) == normalise(reference.sequences[:, 1:], ids["pad_id"])
+        if strategy:
+            assert torch.allclose(mine.sequences_scores, reference.sequences_scores, atol=1e-5)
