@@ -20,11 +20,12 @@ def _python_only(default: Any) -> Any:
 class GenerationConfig:
     """The options of :func:`hybrid.generation.generate`; names and meanings follow transformers.
 
-    Differences worth knowing: ``max_new_tokens`` defaults to 256; padding and BOS are
-    never generated (as if ``suppress_tokens=[pad_token_id, bos_token_id]`` were given, so a
+    Differences worth knowing: ``max_new_tokens`` defaults to 256; padding and the decoder start
+    are never generated unless they are EOS ids (as if ``suppress_tokens`` held them, so a
     ``SuppressTokensLogitsProcessor`` in ``logits_processor`` takes that ban's place);
-    ``eos_token_id`` and ``pad_token_id`` default to the model's ids. How each rule is
-    applied is written once, in :mod:`hybrid.generation.rules`.
+    ``eos_token_id``, ``pad_token_id`` and ``decoder_start_token_id`` default to the model's ids, and
+    every option not given to the model's own defaults (:func:`with_model_defaults`). How each rule
+    is applied is written once, in :mod:`hybrid.generation.rules`.
     ``return_dict`` is accepted as a short name for ``return_dict_in_generate``.
     """
 
