@@ -1,0 +1,363 @@
+"""The same trained weights in every engine: words/s and quality of the imported teacher on the whole G2P test split.
+
+One MarianMTModel (train_teacher.py) decodes every test word to its natural length (it stops at its EOS;
+at most 63 new tokens, the model's own limit: 64 positions, the decoder start included) in six engines:
+hybrid eager, hybrid's fast path (ONNX Runtime) with float32 and with int8 weights, transformers'
+generate(), and CTranslate2 (converted from `hybrid export format=transformers`) at float32 and int8.
+Two settings: batch 1 greedy and batch 32 with 4 beams (CTranslate2's own benchmark setting); every other
+decoding option is the model's own generation config (as `hybrid import` and transformers read it).
+
+Every engine gets the same threads (torch's intra-op threads, which ONNX Runtime's session follows in
+hybrid's fast path; CTranslate2's intra_threads, one translator) and the same words, in test-split order,
+`--chunks` chunks of them; each chunk is run by every engine in a rotating order, so that the machine's
+drift hits all alike. A warm-up decode (excluded) first loads or exports each engine's graphs. The time
+of a chunk covers the whole call: tokenizing, encoding, decoding and detokenizing.
+
+Quality is PER, WER and exact match with hybrid test's own metric code (each prediction against its
+closest reference), on every word, and the number of words whose prediction differs from transformers'
+generate() in the same setting. Writes engines.json (raw numbers) and engines.md (the table):
+
+    python results/hf-import/bench_engines.py --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import transformers
+
+from hybrid.training.checkpoint import load_for_inference
+from hybrid.training.data import G2PDataModule
+from hybrid.training.module import SEQUENCE_METRICS, closest_reference
+
+HERE = Path(__file__).resolve().parent
+REPOSITORY = HERE.parent.parent
+WORK = HERE / "work"
+MAX_NEW_TOKENS = 63  # the teacher's max_length 64 less the decoder start token: its own limit
+METRICS = ("per", "wer", "exact_match")
+SETTINGS = {"batch1-greedy": (1, 1), "batch32-beam4": (32, 4)}  # name -> (batch size, beams)
+REFERENCE_ENGINE = "ct2-float32"  # the ratios' denominator
+QUALITY_ENGINE = "transformers"  # predictions compared line by line against this engine's
+
+Decode = Callable[[list[str], int], list[str]]  # (words, num_beams) -> one phoneme string per word
+
+
+@dataclasses.dataclass
+class Engine:
+    name: str
+    decode: Decode
+    setup_seconds: float = 0.0  # loading, converting or exporting, before the warm-up
+    model: object = None  # hybrid's Seq2Seq, for the profile
+
+
+def hybrid_engine(name: str, folder: Path, quantize: str | None = None, fast: bool = False) -> Engine:
+    """The imported folder in hybrid: eager, or on the fast path (ONNX Runtime, graphs cached in folder/fast)."""
+    begin = time.perf_counter()
+    model, tokenizer = load_for_inference(folder)
+    if fast:
+        model = copy.deepcopy(model).optimize_for_inference(quantize)
+    pad_id = model.config.pad_id
+
+    @torch.inference_mode()
+    def decode(words: list[str], num_beams: int) -> list[str]:
+        sources = [tokenizer.encode_source(word) for word in words]
+        src = torch.full((len(sources), max(map(len, sources))), pad_id, dtype=torch.long)
+        for row, ids in enumerate(sources):
+            src[row, : len(ids)] = torch.tensor(ids)
+        output = model.generate(src, src != pad_id, max_new_tokens=MAX_NEW_TOKENS, num_beams=num_beams)
+        return tokenizer.batch_decode(output.tolist())
+
+    return Engine(name, decode, time.perf_counter() - begin, model)
+
+
+def transformers_engine(teacher: Path) -> Engine:
+    """The teacher as transformers saved it, decoding through its own generate()."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    begin = time.perf_counter()
+    model = AutoModelForSeq2SeqLM.from_pretrained(teacher).eval()
+    tokenizer = AutoTokenizer.from_pretrained(teacher)
+
+    @torch.inference_mode()
+    def decode(words: list[str], num_beams: int) -> list[str]:
+        inputs = tokenizer(words, padding=True, return_tensors="pt")
+        # max_length, the teacher's own option (generate() warns when max_new_tokens overrides it)
+        output = model.generate(**inputs, num_beams=num_beams, do_sample=False, max_length=MAX_NEW_TOKENS + 1)
+        return tokenizer.batch_decode(output, skip_special_tokens=True)
+
+    return Engine("transformers", decode, time.perf_counter() - begin)
+
+
+def ctranslate2_engine(converted: Path, teacher: Path, compute_type: str, threads: int) -> Engine:
+    """CTranslate2 running the converted export. It takes and gives token strings: the source is the
+    teacher tokenizer's tokens (the word's characters and </s>), the output its phoneme tokens."""
+    import ctranslate2
+    from transformers import AutoTokenizer
+
+    begin = time.perf_counter()
+    translator = ctranslate2.Translator(str(converted), device="cpu", compute_type=compute_type,
+                                        inter_threads=1, intra_threads=threads)
+    tokenizer = AutoTokenizer.from_pretrained(teacher)
+
+    def decode(words: list[str], num_beams: int) -> list[str]:
+        sources = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(words)["input_ids"]]
+        # max_input_length=0: never truncate a source (CTranslate2's default cuts at 1024 tokens).
+        results = translator.translate_batch(sources, beam_size=num_beams, max_decoding_length=MAX_NEW_TOKENS,
+                                             max_input_length=0)
+        return [tokenizer.decode(tokenizer.convert_tokens_to_ids(result.hypotheses[0]), skip_special_tokens=True)
+                for result in results]
+
+    return Engine(f"ct2-{compute_type}", decode, time.perf_counter() - begin)
+
+
+def build_engines(args: argparse.Namespace) -> list[Engine]:
+    engines = [
+        hybrid_engine("hybrid-eager", args.imported),
+        hybrid_engine("hybrid-fast-fp32", args.imported, fast=True),
+        hybrid_engine("hybrid-fast-int8", args.imported, quantize="int8", fast=True),
+        transformers_engine(args.teacher),
+        ctranslate2_engine(args.ct2, args.teacher, "float32", args.threads),
+        ctranslate2_engine(args.ct2, args.teacher, "int8", args.threads),
+    ]
+    return [engine for engine in engines if engine.name in args.engines]
+
+
+def decode_in_batches(engine: Engine, words: list[str], batch_size: int, num_beams: int) -> list[str]:
+    return [prediction for start in range(0, len(words), batch_size)
+            for prediction in engine.decode(words[start : start + batch_size], num_beams)]
+
+
+def score(predictions: list[str], references: list[tuple[str, ...]]) -> dict[str, float]:
+    """hybrid test's G2P scores: each prediction against its closest reference, by hybrid's metric classes."""
+    closest = [closest_reference(prediction, options)
+               for prediction, options in zip(predictions, references, strict=True)]
+    scores = {}
+    for name in METRICS:
+        metric = SEQUENCE_METRICS[name]()
+        metric.update(predictions, closest)
+        scores[name] = metric.compute().item()
+    return scores
+
+
+def chunk_bounds(words: int, chunks: int, batch_size: int) -> list[tuple[int, int]]:
+    """`chunks` spans of about equal size covering `words`, each a whole number of batches of every setting."""
+    step = -(-words // chunks // batch_size) * batch_size
+    return [(start, min(start + step, words)) for start in range(0, words, step)]
+
+
+def run(engines: list[Engine], words: list[str], chunks: int) -> dict:
+    """Every engine, every setting, every chunk, in rotating order; the seconds of each chunk and the predictions."""
+    widest = max(batch_size for batch_size, _ in SETTINGS.values())
+    bounds = chunk_bounds(len(words), chunks, widest)
+    seconds = {setting: {engine.name: [] for engine in engines} for setting in SETTINGS}
+    predictions = {setting: {engine.name: [] for engine in engines} for setting in SETTINGS}
+    for index, (start, end) in enumerate(bounds):
+        for setting, (batch_size, num_beams) in SETTINGS.items():
+            rotation = index % len(engines)
+            for engine in engines[rotation:] + engines[:rotation]:
+                begin = time.perf_counter()
+                output = decode_in_batches(engine, words[start:end], batch_size, num_beams)
+                seconds[setting][engine.name].append(time.perf_counter() - begin)
+                predictions[setting][engine.name] += output
+        done = {setting: {name: round(sum(times), 1) for name, times in by_engine.items()}
+                for setting, by_engine in seconds.items()}
+        print(f"chunk {index + 1}/{len(bounds)} (words {start}-{end}): seconds so far {json.dumps(done)}",
+              flush=True)
+    return {"chunks": bounds, "seconds": seconds, "predictions": predictions}
+
+
+def warm_up(engines: list[Engine], words: list[str]) -> dict[str, float]:
+    """One small decode per engine and setting, untimed in the table: loads or exports the fast path's graphs."""
+    seconds = {}
+    for engine in engines:
+        begin = time.perf_counter()
+        for batch_size, num_beams in SETTINGS.values():
+            decode_in_batches(engine, words[:batch_size], batch_size, num_beams)
+        seconds[engine.name] = round(time.perf_counter() - begin, 2)
+    return seconds
+
+
+def summarize(engines: list[Engine], measured: dict, words: list[str], references: list) -> dict:
+    rows = {}
+    for setting in SETTINGS:
+        rows[setting] = {}
+        reference = sum(measured["seconds"][setting].get(REFERENCE_ENGINE, [])) or None
+        baseline = measured["predictions"][setting].get(QUALITY_ENGINE)
+        for engine in engines:
+            times = measured["seconds"][setting][engine.name]
+            chunk_words = [end - start for start, end in measured["chunks"]]
+            predictions = measured["predictions"][setting][engine.name]
+            total = sum(times)
+            rows[setting][engine.name] = {
+                "seconds": round(total, 3),
+                "words_per_second": round(len(words) / total, 2),
+                "median_chunk_words_per_second": round(statistics.median(
+                    n / t for n, t in zip(chunk_words, times, strict=True)), 2),
+                f"speed_vs_{REFERENCE_ENGINE}": None if reference is None else round(reference / total, 3),
+                **score(predictions, references),
+                f"words_differing_from_{QUALITY_ENGINE}": None if baseline is None else sum(
+                    a != b for a, b in zip(predictions, baseline, strict=True)),
+            }
+    return rows
+
+
+def markdown(rows: dict, words: int, threads: int) -> str:
+    lines = [f"The imported teacher on the whole G2P test split ({words} words), CPU, {threads} threads. "
+             f"Speed is words/s (higher is better) and its ratio to {REFERENCE_ENGINE}; PER, WER by hybrid "
+             f"test's metric; 'differ' counts words whose prediction differs from transformers' generate() "
+             f"in the same setting.", ""]
+    for setting, by_engine in rows.items():
+        lines += [f"### {setting}", "",
+                  f"| engine | words/s | vs {REFERENCE_ENGINE} | PER | WER | differ |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for name, row in by_engine.items():
+            ratio = row[f"speed_vs_{REFERENCE_ENGINE}"]
+            differ = row[f"words_differing_from_{QUALITY_ENGINE}"]
+            lines.append(f"| {name} | {row['words_per_second']:.1f} | "
+                         f"{'' if ratio is None else f'{ratio:.2f}x'} | {row['per']:.4f} | {row['wer']:.4f} | "
+                         f"{'' if differ is None else differ} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+class StepTimer:
+    """Where hybrid's decode time goes: ``model.start`` (the encoder and the cross-attention keys and values),
+    ``model.step_unchecked`` (the decoder step: ONNX Runtime's session on the fast path, torch eager
+    otherwise), and the rest (the search rules in Python: logits processors, top-k, beam bookkeeping, state
+    reorders; tokenizing). Wraps the two methods on the instance for the duration of the block."""
+
+    PARTS = ("start", "step_unchecked")
+
+    def __init__(self, model) -> None:
+        self.model, self.seconds, self.calls = model, dict.fromkeys(self.PARTS, 0.0), dict.fromkeys(self.PARTS, 0)
+
+    def __enter__(self) -> StepTimer:
+        for part in self.PARTS:
+            original = getattr(self.model, part)
+
+            def timed(*args, _original=original, _part=part, **kwargs):
+                begin = time.perf_counter()
+                try:
+                    return _original(*args, **kwargs)
+                finally:
+                    self.seconds[_part] += time.perf_counter() - begin
+                    self.calls[_part] += 1
+
+            setattr(self.model, part, timed)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for part in self.PARTS:
+            delattr(self.model, part)  # the instance attribute hid the method; removing it restores the method
+
+
+def profile(engines: list[Engine], words: list[str]) -> dict:
+    """Milliseconds per word of each hybrid engine, split by :class:`StepTimer`, on the same words, per setting."""
+    split = {}
+    for setting, (batch_size, num_beams) in SETTINGS.items():
+        split[setting] = {}
+        for engine in engines:
+            if engine.model is None:
+                continue
+            with StepTimer(engine.model) as timer:
+                begin = time.perf_counter()
+                decode_in_batches(engine, words, batch_size, num_beams)
+                total = time.perf_counter() - begin
+            per_word = {part: round(1000 * seconds / len(words), 3) for part, seconds in timer.seconds.items()}
+            split[setting][engine.name] = {
+                "ms_per_word": round(1000 * total / len(words), 3), **per_word,
+                "rest": round(1000 * total / len(words) - sum(per_word.values()), 3),
+                "steps": timer.calls["step_unchecked"],
+                "ms_per_step": round(1000 * timer.seconds["step_unchecked"] / max(timer.calls["step_unchecked"], 1), 4),
+            }
+            print(setting, engine.name, json.dumps(split[setting][engine.name]), flush=True)
+    return split
+
+
+def versions() -> dict[str, str]:
+    return {package: importlib.metadata.version(package)
+            for package in ("torch", "transformers", "ctranslate2", "onnxruntime", "onnx", "tokenizers")} | {
+        "python": platform.python_version()}
+
+
+def shown(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(REPOSITORY) if path.is_relative_to(REPOSITORY) else path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--teacher", type=Path, default=WORK / "teacher", help="train_teacher.py's folder")
+    parser.add_argument("--imported", type=Path, default=WORK / "imported", help="hybrid import's folder")
+    parser.add_argument("--ct2", type=Path, default=WORK / "ct2", help="ct2-transformers-converter's folder")
+    parser.add_argument("--out", type=Path, default=HERE, help="where engines.json and engines.md go")
+    parser.add_argument("--predictions", type=Path, default=WORK / "predictions",
+                        help="each engine's predictions, one file per setting and engine (for reading the differences)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--chunks", type=int, default=8, help="split the words into this many interleaved chunks")
+    parser.add_argument("--words", type=int, default=None, help="only the first N test words (development)")
+    parser.add_argument("--profile-words", type=int, default=512,
+                        help="then split hybrid's time per word on the first N words (0: no profile)")
+    parser.add_argument("--engines", nargs="+", default=["hybrid-eager", "hybrid-fast-fp32", "hybrid-fast-int8",
+                                                         "transformers", "ct2-float32", "ct2-int8"])
+    args = parser.parse_args()
+    if args.threads < 1 or args.chunks < 1 or (args.words is not None and args.words < 1):
+        parser.error("--threads, --chunks and --words must be at least 1")
+    for folder in (args.teacher, args.imported, args.ct2):
+        if not (folder / "config.json").is_file():
+            parser.error(f"{folder} holds no config.json: run results/hf-import/run.sh, which makes it")
+
+    transformers.utils.logging.disable_progress_bar()  # a bar per model load; the log is the chunks' lines
+    torch.set_num_threads(args.threads)  # before the fast path's sessions, which take torch's thread count
+    torch.set_num_interop_threads(1)
+    data = G2PDataModule()
+    test_pairs = data._load_pairs()["test"][: args.words]
+    words = [word for word, _ in test_pairs]
+    references = [data._references("test", word, phonemes) for word, phonemes in test_pairs]
+
+    engines = build_engines(args)
+    warm_up_seconds = warm_up(engines, words)
+    measured = run(engines, words, args.chunks)
+    rows = summarize(engines, measured, words, references)
+    for setting, by_engine in measured["predictions"].items():
+        (args.predictions / setting).mkdir(parents=True, exist_ok=True)
+        for name, predictions in by_engine.items():
+            (args.predictions / setting / f"{name}.txt").write_text("".join(line + "\n" for line in predictions))
+    split = profile(engines, words[: args.profile_words]) if args.profile_words else {}
+    report = {
+        "command": " ".join(["python", shown(Path(sys.argv[0])), *sys.argv[1:]]),
+        "test_words": len(words),
+        "threads": {"torch_intra_op": torch.get_num_threads(), "onnxruntime_intra_op": args.threads,
+                    "ctranslate2_intra_threads": args.threads, "ctranslate2_inter_threads": 1},
+        "max_new_tokens": MAX_NEW_TOKENS,
+        "settings": {name: {"batch_size": b, "num_beams": n} for name, (b, n) in SETTINGS.items()},
+        "setup_seconds": {engine.name: round(engine.setup_seconds, 2) for engine in engines},
+        "warm_up_seconds": warm_up_seconds,
+        "versions": versions(),
+        "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
+        "results": rows,
+        "profile": {"words": min(args.profile_words, len(words)), "ms_per_word": split},
+        "chunks": measured["chunks"],
+        "chunk_seconds": {setting: {name: [round(t, 4) for t in times] for name, times in by_engine.items()}
+                          for setting, by_engine in measured["seconds"].items()},
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "engines.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / "engines.md").write_text(markdown(rows, len(words), args.threads))
+    print(markdown(rows, len(words), args.threads))
+
+
+if __name__ == "__main__":
+    main()
