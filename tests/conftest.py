@@ -104,6 +104,18 @@ _FAMILY_CONFIGS = {  # what distinguishes each family's real checkpoints beyond 
 HF_VOCAB = 40
 
 
+def family_architecture(model_type: str) -> dict:
+    """The ModelConfig architecture fields of ``model_type``'s tiny model, for ``tiny_model(..., **fields)``:
+    what drives hybrid's own parity, fast-path and refill tests through every family's choices."""
+    import math
+
+    from hybrid.hf.families import ACTIVATIONS, FAMILIES
+
+    fields = _FAMILY_CONFIGS[model_type][1]
+    return {**FAMILIES[model_type].architecture, "activation": ACTIVATIONS[fields["activation_function"]],
+            "embedding_scale": math.sqrt(32) if fields["scale_embedding"] else 1.0}
+
+
 def tiny_transformers_model(model_type: str, seed: int = 0, dtype: torch.dtype = torch.float32):
     """A tiny random transformers model of ``model_type`` (``TRANSFORMERS_FAMILIES``), in eval mode.
 

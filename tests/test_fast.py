@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MIXER_PATTERNS, padded_batch, pattern_id, tiny_model
+from conftest import MIXER_PATTERNS, TRANSFORMERS_FAMILIES, family_architecture, padded_batch, pattern_id, tiny_model
 
 from hybrid import Seq2Seq
 from hybrid.fast import OnnxStep, cache_dir_for, graph_key, weights_digest
@@ -29,10 +29,19 @@ LENGTHS = [6, 2, 4, 5]
 ALPHABET = "abcdefghij"
 
 
-@pytest.fixture(scope="module", params=MIXER_PATTERNS, ids=pattern_id)
+# Every mixer pattern in hybrid's own architecture, and every mixer stacked in each imported family's.
+CASES = [(pattern, None) for pattern in MIXER_PATTERNS] + [(MIXER_PATTERNS[-1], family)
+                                                           for family in TRANSFORMERS_FAMILIES]
+
+
+@pytest.fixture(scope="module", params=CASES,
+                ids=lambda case: pattern_id(case[0]) + ("" if case[1] is None else f"-{case[1]}"))
 def pair(request):
     """The same tiny model twice: eager, and on the fast path (each export is paid once per module)."""
-    return tiny_model(request.param, seed=31), tiny_model(request.param, seed=31).optimize_for_inference()
+    pattern, family = request.param
+    architecture = {} if family is None else family_architecture(family)
+    return (tiny_model(pattern, seed=31, **architecture),
+            tiny_model(pattern, seed=31, **architecture).optimize_for_inference())
 
 
 def test_the_fast_step_gives_the_eager_logits(pair):

@@ -4,7 +4,7 @@ import random
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import TRANSFORMERS_FAMILIES, family_architecture, tiny_model
 
 from hybrid import MIXERS
 from hybrid.generation import EosTokenCriteria, MaxNewTokensCriteria, SuppressTokensLogitsProcessor
@@ -36,11 +36,13 @@ def test_bucketing_rejects_a_bad_budget():
 
 @pytest.mark.parametrize("bucketed, interval", [(True, 1), (False, 1), (True, 3)],
                          ids=["bucketed", "input-order", "checked-every-3-steps"])
-@pytest.mark.parametrize("mixers", [[name, name] for name in sorted(MIXERS)] + [["lstm", "attention"]])
-def test_refill_decodes_every_source_as_if_alone(mixers, bucketed, interval):
+@pytest.mark.parametrize("mixers, family", [([name, name], None) for name in sorted(MIXERS)] + [
+    (["lstm", "attention"], None)] + [(sorted(MIXERS), family) for family in TRANSFORMERS_FAMILIES])
+def test_refill_decodes_every_source_as_if_alone(mixers, family, bucketed, interval):
     # Input order mixes lengths in the slots, so the memory grows on refills and is trimmed on the way out.
     # Checking every 3 steps leaves finished rows (some at the length limit) stepping until the check.
-    model = tiny_model(mixers, seed=3)
+    # The families' cases run every mixer in each imported family's architecture (positions, norms, ...).
+    model = tiny_model(mixers, seed=3, **({} if family is None else family_architecture(family)))
     sources = random_sources(23, seed=4)
     decoder = RefillDecoder(model, slots=4, max_new_tokens=14, eos_check_interval=interval)
     batches = bucketed_batches(sources, max_tokens=40, window=10) if bucketed else [sources]

@@ -1,13 +1,23 @@
 """The backbone: step-wise (cached) decoding equals the parallel, teacher-forced pass, for every mixer."""
 
+import pytest
 import torch
-from conftest import VOCAB, padded_batch, tiny_model
+from conftest import TRANSFORMERS_FAMILIES, VOCAB, family_architecture, padded_batch, tiny_model
 
 from hybrid import MIXERS
 
 
 def test_step_logits_equal_teacher_forced_logits(mixer_pattern):
-    model = tiny_model(mixer_pattern)
+    assert_steps_equal_parallel(tiny_model(mixer_pattern))
+
+
+@pytest.mark.parametrize("family", TRANSFORMERS_FAMILIES)
+def test_step_logits_equal_teacher_forced_logits_in_every_imported_familys_architecture(family):
+    # Every mixer, stacked, under the family's positions, norms, activation and embedding scale.
+    assert_steps_equal_parallel(tiny_model(list(MIXERS), **family_architecture(family)))
+
+
+def assert_steps_equal_parallel(model):
     src = padded_batch([7, 3, 5, 1], seed=1)
     tgt = padded_batch([6, 2, 9, 4], seed=2)
     tgt = torch.cat([torch.full((4, 1), model.config.bos_id), tgt], dim=1)  # decoder input starts with BOS
