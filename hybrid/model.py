@@ -248,9 +248,9 @@ class Seq2Seq(nn.Module):
 
     # ----- generation ----------------------------------------------------------------
 
-    def generate(self, src_ids: Tensor, src_mask: Tensor | None = None, max_new_tokens: int = 256,
-                 use_cache: bool = True, **kwargs) -> Tensor:
-        """:func:`hybrid.generation.generate` with transformers' options (greedy by default); returns
+    def generate(self, src_ids: Tensor, src_mask: Tensor | None = None, **kwargs) -> Tensor:
+        """:func:`hybrid.generation.generate` with transformers' options, laid over the model's own
+        :attr:`generation_config` (greedy and ``max_new_tokens=256`` where neither says); returns
         (B, L) ids without the leading BOS, EOS included, ``pad_id`` after it.
 
         ``use_cache=False`` reruns the decoder over the whole prefix at every step: the
@@ -258,8 +258,7 @@ class Seq2Seq(nn.Module):
         """
         from hybrid.generation import generate
 
-        return generate(self, src_ids, src_mask=src_mask, max_new_tokens=max_new_tokens,
-                        use_cache=use_cache, **kwargs)
+        return generate(self, src_ids, src_mask=src_mask, **kwargs)
 
     def optimize_for_inference(self, quantize: str | None = None,
                                cache_dir: str | os.PathLike | None = None) -> Seq2Seq:

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hybrid import MIXERS, ModelConfig, Seq2Seq
 from hybrid.cli import VERBS
-from hybrid.cli.generate import GENERATION_OPTIONS
+from hybrid.cli.generate import GENERATION_OPTIONS, generation_options
 from hybrid.cli.train import run_fit
 from hybrid.generation.config import GenerationConfig
 from hybrid.training import G2PDataModule, SyntheticDataModule
@@ -105,7 +105,7 @@ def test_every_logger_and_callback_instantiates(option, tmp_path):
 @pytest.mark.parametrize("option", options("generation"))
 def test_every_generation_option_set_is_valid(option, tmp_path):
     cfg = compose_config([f"generation={option}", "ckpt_path=unused"], tmp_path, config_name="generate")
-    GenerationConfig.from_kwargs(**cfg.generation)
+    GenerationConfig.from_kwargs(**generation_options(cfg.generation))
 
 
 def test_generation_node_lists_every_command_line_option(tmp_path):
@@ -128,7 +128,8 @@ def test_every_root_config_composes(name):
     HydraConfig().set_config(cfg)  # lets the run folder's ${hydra:...} resolve, as under `hybrid fit`
     required = {key for key in cfg if key != "hydra" and OmegaConf.is_missing(cfg, key)}
     assert required == {"config": set(), "generate": {"ckpt_path"}, "export": {"ckpt_path", "output"},
-                        "convert": {"ckpt_path", "pattern", "output"}, "ablate": {"runs"}}.get(name, set())
+                        "convert": {"ckpt_path", "pattern", "output"}, "ablate": {"runs"},
+                        "import": {"hf", "output"}}.get(name, set())
     in_place = name not in ("config", "generate")  # the verbs without a run folder (configs/hydra/in_place.yaml)
     assert (cfg.hydra.run.dir == "." and cfg.hydra.output_subdir is None) == in_place
     assert ("file" in cfg.hydra.job_logging.handlers) != in_place

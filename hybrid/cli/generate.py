@@ -33,7 +33,7 @@ def run_generate(cfg: DictConfig) -> bool:
         model.optimize_for_inference(cfg.quantize, cache_dir=cache_dir_for(cfg.ckpt_path))
     elif cfg.quantize:
         raise ValueError("quantize needs optimize=true: quantized weights are part of the fast path")
-    job = BulkJob(generation=OmegaConf.to_container(cfg.generation, resolve=True), max_tokens=cfg.max_tokens,
+    job = BulkJob(generation=generation_options(cfg.generation), max_tokens=cfg.max_tokens,
                   max_batch_size=cfg.batch_size, window=cfg.window, refill=cfg.refill, shard_size=cfg.shard_size,
                   seed=cfg.seed, on_error=cfg.on_error)
     options = dict(input_format=cfg.input_format, shard=cfg.shard, work_dir=cfg.work_dir,
@@ -47,6 +47,12 @@ def run_generate(cfg: DictConfig) -> bool:
     trainer = dict(strategy=cfg.strategy, devices=cfg.devices, num_nodes=cfg.num_nodes,
                    accelerator="cpu" if torch.device(device).type == "cpu" else "gpu")
     return run_bulk_ddp(model, tokenizer, cfg.input, cfg.output, job, trainer, **options)
+
+
+def generation_options(node: DictConfig) -> dict:
+    """The options a ``generation`` node sets: a null one is left to the model's own defaults (its
+    ``generation_config.json``), else to generate()'s, as ``configs/generation/model.yaml`` says."""
+    return {key: value for key, value in OmegaConf.to_container(node, resolve=True).items() if value is not None}
 
 
 def qualify_generation_option(override: str) -> str:
