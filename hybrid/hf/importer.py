@@ -76,8 +76,10 @@ def from_transformers(model_or_path, device: str | torch.device = "cpu"):
                          f"(decoder_start_token_id={hf_config.decoder_start_token_id}, "
                          f"eos_token_id={hf_config.eos_token_id}, pad_token_id={hf_config.pad_token_id})")
     # The transformers config is kept whole (less what describes the saved object), so an export restores
-    # every option the spec has no field for (attention_dropout, id2label, ...).
-    kept = {key: value for key, value in hf_config.to_dict().items() if key not in _BOOKKEEPING}
+    # every option the spec has no field for (attention_dropout, id2label, ...); the family's legacy keys are
+    # the export's to write.
+    kept = {key: value for key, value in hf_config.to_dict().items()
+            if key not in _BOOKKEEPING and key not in family.legacy_config}
     config = ModelConfig(**model_config_fields(family, hf_config), decoder_mixers="attention",
                          pad_id=hf_config.pad_token_id, bos_id=start_id, eos_id=eos_ids[0],
                          extra={"transformers": {"model_type": family.model_type, "config": _plain(kept)}})
