@@ -170,3 +170,37 @@ def test_a_saved_imported_model_keeps_its_architecture_ids_and_generation_defaul
     loaded = Seq2Seq.from_pretrained(tmp_path)
     assert loaded.config == model.config and loaded.generation_config == model.generation_config
     assert (loaded.config.pad_id, loaded.config.bos_id) == (39, 39)  # Marian starts decoding from its pad id
+
+
+def run_hybrid(*arguments, cwd):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "hybrid.cli", *arguments], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def test_hybrid_import_then_generate_decodes_text_as_transformers_and_export_refuses_an_lstm_decoder(tmp_path):
+    hf_model = tiny_transformers_model("marian")
+    tokenizer = tiny_transformers_tokenizer(hf_model)
+    hf_model.generation_config.num_beams = 2  # a default of the model's own, which hybrid generate must follow
+    hf_model.save_pretrained(tmp_path / "marian")
+    tokenizer.save_pretrained(tmp_path / "marian")
+    imported = run_hybrid("import", "hf=marian", "output=imported", cwd=tmp_path)
+    assert imported.returncode == 0, imported.stderr
+    assert (tmp_path / "imported" / "tokenizer" / "tokenizer.json").is_file()
+    lines = ["t5 t6 t7 t8", "t9 t10", "t11 t3 t3 t4 t20"]
+    (tmp_path / "input.txt").write_text("\n".join(lines) + "\n")
+    generated = run_hybrid("generate", "ckpt_path=imported", "input=input.txt", "output=output.txt",
+                           "max_new_tokens=9", cwd=tmp_path)
+    assert generated.returncode == 0, generated.stderr
+    batch = tokenizer(lines, return_tensors="pt", padding=True)
+    expected = hf_model.generate(**batch, max_new_tokens=9)  # num_beams=2 and forced EOS from its own config
+    assert (tmp_path / "output.txt").read_text().splitlines() == tokenizer.batch_decode(expected,
+                                                                                         skip_special_tokens=True)
+    converted = run_hybrid("convert", "ckpt_path=imported", "pattern=lstm", "output=lstm.ckpt", cwd=tmp_path)
+    assert converted.returncode == 0, converted.stderr
+    refused = run_hybrid("export", "ckpt_path=lstm.ckpt", "output=back", "format=transformers", cwd=tmp_path)
+    assert refused.returncode == 1
+    assert "only a decoder of attention mixers exports to transformers" in refused.stderr
+    assert not (tmp_path / "back").exists() or not any((tmp_path / "back").iterdir())
