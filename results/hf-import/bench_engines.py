@@ -157,15 +157,22 @@ def chunk_bounds(words: int, chunks: int, batch_size: int) -> list[tuple[int, in
     return [(start, min(start + step, words)) for start in range(0, words, step)]
 
 
-def run(engines: list[Engine], words: list[str], chunks: int) -> dict:
-    """Every engine, every setting, every chunk, in rotating order; the seconds of each chunk and the predictions."""
+def run(engines: list[Engine], words: list[str], chunks: int, timed: dict[str, int]) -> dict:
+    """Every engine, every setting, every chunk, in rotating order: the seconds of each chunk and the predictions.
+
+    A setting times its first ``timed[setting]`` words; the words after those are decoded untimed at batch 32
+    (same beams), so that its quality still covers every word.
+    """
     widest = max(batch_size for batch_size, _ in SETTINGS.values())
-    bounds = chunk_bounds(len(words), chunks, widest)
+    bounds = {setting: chunk_bounds(timed[setting], chunks, widest) for setting in SETTINGS}
     seconds = {setting: {engine.name: [] for engine in engines} for setting in SETTINGS}
     predictions = {setting: {engine.name: [] for engine in engines} for setting in SETTINGS}
-    for index, (start, end) in enumerate(bounds):
+    for index in range(max(map(len, bounds.values()))):
+        rotation = index % len(engines)
         for setting, (batch_size, num_beams) in SETTINGS.items():
-            rotation = index % len(engines)
+            if index >= len(bounds[setting]):
+                continue
+            start, end = bounds[setting][index]
             for engine in engines[rotation:] + engines[:rotation]:
                 begin = time.perf_counter()
                 output = decode_in_batches(engine, words[start:end], batch_size, num_beams)
@@ -173,8 +180,10 @@ def run(engines: list[Engine], words: list[str], chunks: int) -> dict:
                 predictions[setting][engine.name] += output
         done = {setting: {name: round(sum(times), 1) for name, times in by_engine.items()}
                 for setting, by_engine in seconds.items()}
-        print(f"chunk {index + 1}/{len(bounds)} (words {start}-{end}): seconds so far {json.dumps(done)}",
-              flush=True)
+        print(f"chunk {index + 1}: seconds so far {json.dumps(done)}", flush=True)
+    for setting, (_, num_beams) in SETTINGS.items():
+        for engine in engines:
+            predictions[setting][engine.name] += decode_in_batches(engine, words[timed[setting]:], widest, num_beams)
     return {"chunks": bounds, "seconds": seconds, "predictions": predictions}
 
 
@@ -193,19 +202,24 @@ def summarize(engines: list[Engine], measured: dict, words: list[str], reference
     rows = {}
     for setting in SETTINGS:
         rows[setting] = {}
-        reference = sum(measured["seconds"][setting].get(REFERENCE_ENGINE, [])) or None
+        reference = measured["seconds"][setting].get(REFERENCE_ENGINE)
         baseline = measured["predictions"][setting].get(QUALITY_ENGINE)
+        chunk_words = [end - start for start, end in measured["chunks"][setting]]
         for engine in engines:
             times = measured["seconds"][setting][engine.name]
-            chunk_words = [end - start for start, end in measured["chunks"]]
             predictions = measured["predictions"][setting][engine.name]
             total = sum(times)
             rows[setting][engine.name] = {
+                "timed_words": sum(chunk_words),
                 "seconds": round(total, 3),
-                "words_per_second": round(len(words) / total, 2),
+                "words_per_second": round(sum(chunk_words) / total, 2),
                 "median_chunk_words_per_second": round(statistics.median(
                     n / t for n, t in zip(chunk_words, times, strict=True)), 2),
-                f"speed_vs_{REFERENCE_ENGINE}": None if reference is None else round(reference / total, 3),
+                f"speed_vs_{REFERENCE_ENGINE}": None if reference is None else round(sum(reference) / total, 3),
+                # The ratio within each chunk, where both engines ran moments apart, then its median: the
+                # figure that the machine's drift (other users' jobs on a shared machine) moves least.
+                f"median_chunk_speed_vs_{REFERENCE_ENGINE}": None if reference is None else round(statistics.median(
+                    theirs / ours for theirs, ours in zip(reference, times, strict=True)), 3),
                 **score(predictions, references),
                 f"words_differing_from_{QUALITY_ENGINE}": None if baseline is None else sum(
                     a != b for a, b in zip(predictions, baseline, strict=True)),
@@ -214,16 +228,19 @@ def summarize(engines: list[Engine], measured: dict, words: list[str], reference
 
 
 def markdown(rows: dict, words: int, threads: int) -> str:
-    lines = [f"The imported teacher on the whole G2P test split ({words} words), CPU, {threads} threads. "
-             f"Speed is words/s (higher is better) and its ratio to {REFERENCE_ENGINE}; PER, WER by hybrid "
+    lines = [f"The imported teacher on the G2P test split ({words} words), CPU, {threads} threads. "
+             f"Speed is words/s over all timed chunks (higher is better) and the median over chunks of its ratio "
+             f"to {REFERENCE_ENGINE} in the same chunk; PER, WER by hybrid "
              f"test's metric; 'differ' counts words whose prediction differs from transformers' generate() "
              f"in the same setting.", ""]
     for setting, by_engine in rows.items():
-        lines += [f"### {setting}", "",
+        timed = next(iter(by_engine.values()))["timed_words"]
+        lines += [f"### {setting}", "", f"Speed over {'every word' if timed == words else f'the first {timed} words'}; "
+                  "quality over every word.", "",
                   f"| engine | words/s | vs {REFERENCE_ENGINE} | PER | WER | differ |",
                   "|---|---:|---:|---:|---:|---:|"]
         for name, row in by_engine.items():
-            ratio = row[f"speed_vs_{REFERENCE_ENGINE}"]
+            ratio = row[f"median_chunk_speed_vs_{REFERENCE_ENGINE}"]
             differ = row[f"words_differing_from_{QUALITY_ENGINE}"]
             lines.append(f"| {name} | {row['words_per_second']:.1f} | "
                          f"{'' if ratio is None else f'{ratio:.2f}x'} | {row['per']:.4f} | {row['wer']:.4f} | "
@@ -286,6 +303,46 @@ def profile(engines: list[Engine], words: list[str]) -> dict:
     return split
 
 
+def onnx_runtime_ops(folder: Path, words: list[str], top: int = 8) -> dict:
+    """Milliseconds per decode step of each ONNX operator type in the fast path's float32 step, per setting,
+    by ONNX Runtime's own profiler (a fresh model whose sessions are opened with profiling on)."""
+    import onnxruntime
+
+    from hybrid.fast import OnnxStep
+
+    open_session = OnnxStep._open
+
+    def open_profiled(step, graph: bytes):
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = step.threads, 1
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.enable_profiling = True
+        options.profile_file_prefix = str(WORK / "onnxruntime-profile")
+        return onnxruntime.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+
+    split = {}
+    OnnxStep._open = open_profiled
+    try:
+        for setting, (batch_size, num_beams) in SETTINGS.items():
+            engine = hybrid_engine("hybrid-fast-fp32", folder, fast=True)
+            decode_in_batches(engine, words, batch_size, num_beams)
+            for session in engine.model.fast_step.sessions.values():
+                trace = Path(session.end_profiling())
+                events = json.loads(trace.read_text())
+                trace.unlink()
+                steps = sum(event["name"] == "model_run" for event in events)
+                by_op = {"whole step": sum(event["dur"] for event in events if event["name"] == "model_run")}
+                for event in events:
+                    if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+                        by_op[event["args"]["op_name"]] = by_op.get(event["args"]["op_name"], 0) + event["dur"]
+                ranked = sorted(by_op.items(), key=lambda item: -item[1])[: top + 1]
+                split[setting] = {"steps": steps, **{op: round(us / steps / 1000, 3) for op, us in ranked}}
+                print(setting, "ONNX Runtime ms per step", json.dumps(split[setting]), flush=True)
+    finally:
+        OnnxStep._open = open_session
+    return split
+
+
 def versions() -> dict[str, str]:
     return {package: importlib.metadata.version(package)
             for package in ("torch", "transformers", "ctranslate2", "onnxruntime", "onnx", "tokenizers")} | {
@@ -308,13 +365,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--chunks", type=int, default=8, help="split the words into this many interleaved chunks")
     parser.add_argument("--words", type=int, default=None, help="only the first N test words (development)")
+    parser.add_argument("--batch1-timed-words", type=int, default=None,
+                        help="time batch 1 greedy on the first N words only (all engines alike; the rest are "
+                             "decoded untimed at batch 32, for quality); default: every word")
     parser.add_argument("--profile-words", type=int, default=512,
                         help="then split hybrid's time per word on the first N words (0: no profile)")
     parser.add_argument("--engines", nargs="+", default=["hybrid-eager", "hybrid-fast-fp32", "hybrid-fast-int8",
                                                          "transformers", "ct2-float32", "ct2-int8"])
     args = parser.parse_args()
-    if args.threads < 1 or args.chunks < 1 or (args.words is not None and args.words < 1):
-        parser.error("--threads, --chunks and --words must be at least 1")
+    if min(args.threads, args.chunks, args.words or 1, args.batch1_timed_words or 1) < 1:
+        parser.error("--threads, --chunks, --words and --batch1-timed-words must be at least 1")
     for folder in (args.teacher, args.imported, args.ct2):
         if not (folder / "config.json").is_file():
             parser.error(f"{folder} holds no config.json: run results/hf-import/run.sh, which makes it")
@@ -329,16 +389,21 @@ def main() -> None:
 
     engines = build_engines(args)
     warm_up_seconds = warm_up(engines, words)
-    measured = run(engines, words, args.chunks)
+    timed = {setting: len(words) for setting in SETTINGS}
+    if args.batch1_timed_words is not None:
+        timed["batch1-greedy"] = min(args.batch1_timed_words, len(words))
+    measured = run(engines, words, args.chunks, timed)
     rows = summarize(engines, measured, words, references)
     for setting, by_engine in measured["predictions"].items():
         (args.predictions / setting).mkdir(parents=True, exist_ok=True)
         for name, predictions in by_engine.items():
             (args.predictions / setting / f"{name}.txt").write_text("".join(line + "\n" for line in predictions))
     split = profile(engines, words[: args.profile_words]) if args.profile_words else {}
+    ops = onnx_runtime_ops(args.imported, words[: args.profile_words]) if args.profile_words else {}
     report = {
         "command": " ".join(["python", shown(Path(sys.argv[0])), *sys.argv[1:]]),
         "test_words": len(words),
+        "timed_words": timed,
         "threads": {"torch_intra_op": torch.get_num_threads(), "onnxruntime_intra_op": args.threads,
                     "ctranslate2_intra_threads": args.threads, "ctranslate2_inter_threads": 1},
         "max_new_tokens": MAX_NEW_TOKENS,
@@ -348,7 +413,8 @@ def main() -> None:
         "versions": versions(),
         "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
         "results": rows,
-        "profile": {"words": min(args.profile_words, len(words)), "ms_per_word": split},
+        "profile": {"words": min(args.profile_words, len(words)), "ms_per_word": split,
+                    "onnxruntime_ms_per_step_fp32": ops},
         "chunks": measured["chunks"],
         "chunk_seconds": {setting: {name: [round(t, 4) for t in times] for name, times in by_engine.items()}
                           for setting, by_engine in measured["seconds"].items()},
