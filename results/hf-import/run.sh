@@ -77,7 +77,7 @@ hybrid export ckpt_path="$WORK/imported" output="$WORK/exported" format=transfor
 ct2-transformers-converter --model "$WORK/exported" --output_dir "$WORK/ct2" --force
 
 # 4. Every engine, the whole test split, THREADS threads each. Batch 1 greedy is timed on the first 2048 words
-# (the same for every engine; transformers' generate() alone would take ~10 minutes over all 6246 on this
+# (the same for every engine; transformers' generate() alone would take ~7 minutes over all 6246 on this
 # 2-core machine) and its quality is still scored on every word; batch 32 with 4 beams is timed on every word.
 touch /tmp/bench_running
 trap 'rm -f /tmp/bench_running' EXIT
