@@ -37,16 +37,15 @@ from pathlib import Path
 
 import torch
 import transformers
+from evaluate_transformers import score  # hybrid test's scores, written once beside this script
 
 from hybrid.training.checkpoint import load_for_inference
 from hybrid.training.data import G2PDataModule
-from hybrid.training.module import SEQUENCE_METRICS, closest_reference
 
 HERE = Path(__file__).resolve().parent
 REPOSITORY = HERE.parent.parent
 WORK = HERE / "work"
 MAX_NEW_TOKENS = 63  # the teacher's max_length 64 less the decoder start token: its own limit
-METRICS = ("per", "wer", "exact_match")
 SETTINGS = {"batch1-greedy": (1, 1), "batch32-beam4": (32, 4)}  # name -> (batch size, beams)
 REFERENCE_ENGINE = "ct2-float32"  # the ratios' denominator
 QUALITY_ENGINE = "transformers"  # predictions compared line by line against this engine's
@@ -137,18 +136,6 @@ def build_engines(args: argparse.Namespace) -> list[Engine]:
 def decode_in_batches(engine: Engine, words: list[str], batch_size: int, num_beams: int) -> list[str]:
     return [prediction for start in range(0, len(words), batch_size)
             for prediction in engine.decode(words[start : start + batch_size], num_beams)]
-
-
-def score(predictions: list[str], references: list[tuple[str, ...]]) -> dict[str, float]:
-    """hybrid test's G2P scores: each prediction against its closest reference, by hybrid's metric classes."""
-    closest = [closest_reference(prediction, options)
-               for prediction, options in zip(predictions, references, strict=True)]
-    scores = {}
-    for name in METRICS:
-        metric = SEQUENCE_METRICS[name]()
-        metric.update(predictions, closest)
-        scores[name] = metric.compute().item()
-    return scores
 
 
 def chunk_bounds(words: int, chunks: int, batch_size: int) -> list[tuple[int, int]]:
