@@ -20,11 +20,13 @@ def run_export(cfg: DictConfig) -> Path:
         raise ValueError(f"format must be one of {FORMATS}, got {cfg.format!r}")
     if cfg.format == "transformers":
         from hybrid.hf.exporter import save_transformers
-        from hybrid.hf.importer import TOKENIZER_FOLDER
+        from hybrid.hf.tokenizer import PretrainedTokenizer
 
-        model, _ = load_for_inference(cfg.ckpt_path)
-        tokenizer_folder = Path(cfg.ckpt_path) / TOKENIZER_FOLDER
-        directory = save_transformers(model, cfg.output, tokenizer_folder if tokenizer_folder.is_dir() else None)
+        # An imported model's tokenizer (from its folder, or kept in a checkpoint) goes with it; hybrid's own
+        # tokenizer has no transformers form.
+        model, tokenizer = load_for_inference(cfg.ckpt_path)
+        directory = save_transformers(model, cfg.output,
+                                      tokenizer if isinstance(tokenizer, PretrainedTokenizer) else None)
         print(f"wrote {directory}: load it with transformers' AutoModelForSeq2SeqLM.from_pretrained, or convert it "
               f"with ct2-transformers-converter --model {directory}")
         return directory

@@ -10,7 +10,6 @@ again gives the same weights bit for bit.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -57,18 +56,17 @@ def to_transformers(model):
     return hf_model.eval()
 
 
-def save_transformers(model, directory: str | os.PathLike, tokenizer_folder: str | os.PathLike | None = None) -> Path:
-    """Write ``model`` as a transformers folder (``save_pretrained``), with the transformers tokenizer in
-    ``tokenizer_folder`` beside it when given; each file is moved into place whole."""
+def save_transformers(model, directory: str | os.PathLike, tokenizer=None) -> Path:
+    """Write ``model`` as a transformers folder (``save_pretrained``), with an imported model's transformers
+    tokenizer (a :class:`~hybrid.hf.tokenizer.PretrainedTokenizer`) beside it when given; each file is moved
+    into place whole."""
     hf_model = to_transformers(model)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory, prefix=".export-") as staging:
         hf_model.save_pretrained(staging)
-        if tokenizer_folder is not None:
-            for file in Path(tokenizer_folder).iterdir():
-                if file.is_file():
-                    shutil.copyfile(file, Path(staging) / file.name)
+        if tokenizer is not None:
+            tokenizer.save(staging)  # its files as they were imported
         for file in Path(staging).iterdir():
             os.replace(file, directory / file.name)
     return directory

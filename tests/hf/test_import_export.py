@@ -198,6 +198,10 @@ def test_hybrid_import_then_generate_decodes_text_as_transformers_and_export_ref
     expected = hf_model.generate(**batch, max_new_tokens=9)  # num_beams=2 and forced EOS from its own config
     assert (tmp_path / "output.txt").read_text().splitlines() == tokenizer.batch_decode(expected,
                                                                                          skip_special_tokens=True)
+    exported = run_hybrid("export", "ckpt_path=imported", "output=exported", "format=transformers", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")(lines)["input_ids"] == \
+        tokenizer(lines)["input_ids"]  # the imported tokenizer goes with the model
     converted = run_hybrid("convert", "ckpt_path=imported", "pattern=lstm", "output=lstm.ckpt", cwd=tmp_path)
     assert converted.returncode == 0, converted.stderr
     refused = run_hybrid("export", "ckpt_path=lstm.ckpt", "output=back", "format=transformers", cwd=tmp_path)
