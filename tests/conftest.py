@@ -104,16 +104,25 @@ _FAMILY_CONFIGS = {  # what distinguishes each family's real checkpoints beyond 
 HF_VOCAB = 40
 
 
+def tiny_transformers_config(model_type: str):
+    """The transformers config of ``model_type``'s tiny model (``TRANSFORMERS_FAMILIES``)."""
+    import transformers
+
+    class_name, fields = _FAMILY_CONFIGS[model_type]
+    return getattr(transformers, class_name)(
+        vocab_size=HF_VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, **fields)
+
+
 def family_architecture(model_type: str) -> dict:
-    """The ModelConfig architecture fields of ``model_type``'s tiny model, for ``tiny_model(..., **fields)``:
-    what drives hybrid's own parity, fast-path and refill tests through every family's choices."""
-    import math
+    """The ModelConfig architecture fields of ``model_type``'s tiny model, as the importer reads them, for
+    ``tiny_model(..., **fields)``: what drives hybrid's own parity, fast-path and refill tests through every
+    family's choices (positions, norms, activation, embedding scale, output bias)."""
+    from hybrid.hf.families import FAMILIES, model_config_fields
 
-    from hybrid.hf.families import ACTIVATIONS, FAMILIES
-
-    fields = _FAMILY_CONFIGS[model_type][1]
-    return {**FAMILIES[model_type].architecture, "activation": ACTIVATIONS[fields["activation_function"]],
-            "embedding_scale": math.sqrt(32) if fields["scale_embedding"] else 1.0}
+    fields = model_config_fields(FAMILIES[model_type], tiny_transformers_config(model_type))
+    return {name: fields[name] for name in (*FAMILIES[model_type].architecture, "activation", "embedding_scale")}
 
 
 def tiny_transformers_model(model_type: str, seed: int = 0, dtype: torch.dtype = torch.float32):
@@ -125,11 +134,7 @@ def tiny_transformers_model(model_type: str, seed: int = 0, dtype: torch.dtype =
 
     from hybrid.hf import FAMILIES
 
-    class_name, fields = _FAMILY_CONFIGS[model_type]
-    config = getattr(transformers, class_name)(
-        vocab_size=HF_VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, **fields)
+    config = tiny_transformers_config(model_type)
     torch.manual_seed(seed)
     model = getattr(transformers, FAMILIES[model_type].model_class)(config).to(dtype)
     with torch.no_grad():

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from hybrid.hf.families import family_of_config, transformers_config_fields, weight_names
+from hybrid.hf.families import family_of_config, position_table_of, transformers_config_fields, weight_names
 
 
 def to_transformers(model):
@@ -84,11 +84,9 @@ def _generation_options(model) -> dict[str, Any]:
 
 
 def _check_sinusoids(model, hf_model, class_name: str) -> None:
-    from hybrid.hf.importer import _position_table
-
     for side in ("encoder", "decoder"):
         ours = getattr(model, f"{side}_positions").weight
-        theirs = _position_table(getattr(hf_model.model, side).embed_positions)[:ours.shape[0]].to(ours.dtype)
+        theirs = position_table_of(getattr(hf_model.model, side).embed_positions)[:ours.shape[0]].to(ours.dtype)
         if not torch.allclose(ours, theirs, atol=1e-6):
             raise ValueError(f"this model's {side} position table is not the sinusoids {class_name} computes, so "
                              "transformers would decode it with other positions")

@@ -14,6 +14,8 @@ import dataclasses
 import math
 from typing import Any
 
+import torch
+
 SUPPORTED = "BART (facebook/bart-*, distilbart), Marian (OPUS-MT), mBART and M2M100 (NLLB)"
 # T5 (relative position bias, RMSNorm, gated FFNs, no biases, unscaled attention) does not fit this spec yet.
 REFUSED = {"t5": "T5 and Flan-T5 are not supported yet: their relative attention bias, RMSNorm, bias-free "
@@ -119,6 +121,13 @@ def transformers_config_fields(config) -> dict[str, Any]:
             "activation_function": activation, "scale_embedding": config.embedding_scale != 1.0,
             "tie_word_embeddings": config.tie_embeddings, "pad_token_id": config.pad_id,
             "eos_token_id": config.eos_id, "decoder_start_token_id": config.bos_id}
+
+
+def position_table_of(module) -> torch.Tensor:
+    """A transformers sinusoid module's table, which it computes rather than saves: Marian's is the
+    embedding's ``weight``, M2M100's a buffer named ``weights``."""
+    table = getattr(module, "weights", None)
+    return (module.weight if table is None else table).detach()
 
 
 def weight_names(config) -> list[tuple[str, tuple[str, ...]]]:

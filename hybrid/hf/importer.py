@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from hybrid.config import ModelConfig
-from hybrid.hf.families import family_of, model_config_fields, weight_names
+from hybrid.hf.families import family_of, model_config_fields, position_table_of, weight_names
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def from_transformers(model_or_path, device: str | torch.device = "cpu"):
     if config.positions == "sinusoidal":  # a fixed table: transformers rebuilds it rather than saving it
         rows = config.max_positions + config.position_offset
         for side in ("encoder", "decoder"):
-            table = _position_table(getattr(hf_model.model, side).embed_positions)
+            table = position_table_of(getattr(hf_model.model, side).embed_positions)
             ours[f"{side}_positions.weight"] = table[:rows]
     model.load_state_dict(ours, strict=True)
     model.generation_config = generation_defaults(generation, eos_ids, config)
@@ -143,12 +143,6 @@ def generation_defaults(generation, eos_ids: list[int], config: ModelConfig) -> 
         logger.warning("the model's generation config sets options hybrid's generate() does not have, left out: %s",
                        ", ".join(f"{key}={value!r}" for key, value in sorted(given.items())))
     return defaults
-
-
-def _position_table(module) -> torch.Tensor:
-    # Marian's table is the embedding's weight; M2M100's a buffer named weights.
-    table = getattr(module, "weights", None)
-    return (module.weight if table is None else table).detach()
 
 
 def _first_set(*values):
