@@ -92,6 +92,7 @@ def convert(model: Seq2Seq, pattern: str | Sequence[str], mixer_options: dict[st
     converted.load_state_dict({**target, **copied}, strict=True)
     fresh = [name for name, _ in converted.named_parameters() if is_fresh(name)]
     converted.config.extra = dict(config.extra, converted_from=config.decoder_mixers, fresh_parameters=fresh)
+    converted.generation_config = dict(model.generation_config)  # an imported model's decoding defaults stay
     return converted.to(next(model.parameters()).device), fresh
 
 

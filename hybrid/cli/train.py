@@ -55,6 +55,7 @@ def run_fit(cfg: DictConfig) -> Trainer:
     module = build_module(cfg, model_config, datamodule)
     if cfg.init_from:
         module.model.load_state_dict(trained.state_dict)
+        module.model.generation_config = trained.generation_config  # e.g. a converted imported model's
     trainer = build_trainer(cfg)
     if trainer.is_global_zero:
         logger.info("run folder: %s", cfg.paths.output_dir)

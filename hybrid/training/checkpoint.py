@@ -93,7 +93,7 @@ def read_checkpoint(path: str | os.PathLike) -> TrainedModel:
                if key.startswith(_MODEL_PREFIX)}
     config = ModelConfig.from_saved(checkpoint["model_config"])
     return TrainedModel(config, tokenizer_from_json_str(checkpoint["tokenizer"], config), weights,
-                        checkpoint.get("global_step", 0))
+                        checkpoint.get("global_step", 0), checkpoint.get("generation_config") or {})
 
 
 def read_trained_model(path: str | os.PathLike) -> TrainedModel:
@@ -138,7 +138,8 @@ def write_checkpoint(model: Seq2Seq, tokenizer: AnyTokenizer, path: str | os.Pat
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     checkpoint = {"state_dict": {f"{_MODEL_PREFIX}{key}": value for key, value in model.state_dict().items()},
-                  "model_config": model.config.to_dict(), "tokenizer": tokenizer.to_json_str(), "global_step": 0}
+                  "model_config": model.config.to_dict(), "tokenizer": tokenizer.to_json_str(), "global_step": 0,
+                  "generation_config": model.generation_config}
     return write_atomically(path, functools.partial(torch.save, checkpoint))
 
 

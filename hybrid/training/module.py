@@ -32,6 +32,14 @@ from hybrid.config import ModelConfig
 from hybrid.model import Seq2Seq
 from hybrid.training.checkpoint import tokenizer_from_json_str
 from hybrid.training.data import G2PDataModule, TextDataModule
+from hybrid.training.distill import (
+    DistillOptions,
+    distillation_kl,
+    freeze_all_but_mixers,
+    load_teacher,
+    mixer_transfer_loss,
+    swapped_layers,
+)
 from hybrid.training.tokenizer import Seq2SeqTokenizer
 
 STAGES = ("train", "val", "test")
@@ -153,7 +161,10 @@ class LitSeq2Seq(LightningModule):
     lasts ``warmup_steps``, at most ``max_warmup_fraction`` of the planned steps (None: no cap; see
     :func:`capped_warmup_steps`). ``seed`` (None: torch's current one; a checkpoint keeps it) seeds
     each training batch's dropout together with the batch's step, so a resumed run is bit-identical
-    to an uninterrupted one.
+    to an uninterrupted one. ``distill`` (None, or no ``teacher`` in it: no teacher) trains against a teacher, as
+    :class:`hybrid.training.distill.DistillOptions` says: its ``match: mixers`` trains only the swapped
+    mixers (logged as ``train/mixer_mse``), its ``match: logits`` mixes the KL to the teacher into the
+    training loss (``train/kl``; validation and test keep the plain cross-entropy, comparable across runs).
     """
 
     def __init__(
@@ -172,6 +183,7 @@ class LitSeq2Seq(LightningModule):
         max_new_tokens: int | None = None,
         metrics: Sequence[str] = ("exact_match",),
         seed: int | None = None,
+        distill: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if lr_schedule not in LR_SCHEDULES:
@@ -191,6 +203,13 @@ class LitSeq2Seq(LightningModule):
         self.save_hyperparameters(ignore=["tokenizer", "seed"])
         self.model = Seq2Seq(ModelConfig.from_dict(model_config, partial=True))  # the fields it changes
         self.tokenizer = tokenizer
+        self.distill = DistillOptions.from_dict(distill)
+        if self.distill is not None:
+            # Kept out of the module's children, so the teacher is neither saved in checkpoints nor trained.
+            self.__dict__["teacher"] = load_teacher(self.distill.teacher, self.model.config)
+            if self.distill.match == "mixers":
+                self.transferred_layers = swapped_layers(self.teacher.config, self.model.config)
+                freeze_all_but_mixers(self.model, self.transferred_layers)
         vocab_size, pad_id = self.model.config.vocab_size, self.model.config.pad_id
         # One metric object per stage and name, keyed "{stage}_{name}" (a key may not be "train",
         # which nn.Module already has).
@@ -209,8 +228,8 @@ class LitSeq2Seq(LightningModule):
 
     # ----- steps ---------------------------------------------------------------------
 
-    def _common_step(self, batch: dict[str, Any], stage: str) -> Tensor:
-        """Teacher-forced loss of one batch; updates and logs the stage's token-level metrics."""
+    def _common_step(self, batch: dict[str, Any], stage: str) -> tuple[Tensor, Tensor]:
+        """Teacher-forced loss and logits of one batch; updates and logs the stage's token-level metrics."""
         targets = batch["tgt_out"]  # (B, T)
         logits = self.model(batch["src_ids"], batch["tgt_in"], batch["src_mask"])  # (B, T, V)
         pad_id = self.model.config.pad_id
@@ -224,7 +243,7 @@ class LitSeq2Seq(LightningModule):
         for name in ("loss", "accuracy", "perplexity"):
             self.log(f"{stage}/{name}", metrics[f"{stage}_{name}"], on_step=stage == "train", on_epoch=True,
                      prog_bar=name == "loss", batch_size=targets.shape[0])
-        return loss
+        return loss, logits
 
     def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
         # fairseq's rule: every random draw of a training batch (dropout) comes from a seed made of
@@ -236,7 +255,24 @@ class LitSeq2Seq(LightningModule):
         torch.manual_seed(int.from_bytes(hashlib.blake2b(repr(place).encode(), digest_size=8).digest(), "little"))
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
-        return self._common_step(batch, "train")
+        if self.distill is None:
+            return self._common_step(batch, "train")[0]
+        if self.distill.match == "mixers":
+            loss = mixer_transfer_loss(self.model, self.teacher, self.transferred_layers, batch)
+            self.log("train/mixer_mse", loss.detach(), on_step=True, on_epoch=True, prog_bar=True,
+                     batch_size=batch["tgt_out"].shape[0])
+            return loss
+        with torch.no_grad():
+            teacher_logits = self.teacher(batch["src_ids"], batch["tgt_in"], batch["src_mask"])
+        loss, logits = self._common_step(batch, "train")
+        kl = distillation_kl(logits, teacher_logits, batch["tgt_out"].ne(self.model.config.pad_id),
+                             self.distill.temperature)
+        self.log("train/kl", kl.detach(), on_step=True, on_epoch=True, batch_size=batch["tgt_out"].shape[0])
+        return (1 - self.distill.alpha) * loss + self.distill.alpha * kl
+
+    def on_fit_start(self) -> None:
+        if self.distill is not None:
+            self.teacher.to(self.device).eval()
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._common_step(batch, "val")
@@ -285,8 +321,10 @@ class LitSeq2Seq(LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         # Decay weight matrices and embeddings, never biases or norm gains (nanoGPT's rule).
-        decayed = [p for p in self.parameters() if p.dim() >= 2]
-        undecayed = [p for p in self.parameters() if p.dim() < 2]
+        # Frozen parameters (mixer transfer's) stay out, so nothing moves them, weight decay included.
+        trained = [p for p in self.parameters() if p.requires_grad]
+        decayed = [p for p in trained if p.dim() >= 2]
+        undecayed = [p for p in trained if p.dim() < 2]
         hparams = self.hparams
         optimizer = AdamW([{"params": decayed, "weight_decay": hparams.weight_decay},
                            {"params": undecayed, "weight_decay": 0.0}],
@@ -309,13 +347,17 @@ class LitSeq2Seq(LightningModule):
     # ----- checkpoints ---------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Keep the model config and the vocabulary in the checkpoint, as plain data (no pickled objects)."""
+        """Keep the model config, the vocabulary and the generation defaults in the checkpoint, as plain data
+        (no pickled objects)."""
         checkpoint["model_config"] = self.model.config.to_dict()
         checkpoint["tokenizer"] = None if self.tokenizer is None else self.tokenizer.to_json_str()
         checkpoint["training_seed"] = self.seed
+        checkpoint["generation_config"] = self.model.generation_config  # an imported model's, through fine-tuning
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Restore the tokenizer and the training seed saved by :meth:`on_save_checkpoint`."""
+        """Restore the tokenizer, the training seed and the generation defaults that :meth:`on_save_checkpoint`
+        saved."""
         if checkpoint.get("tokenizer") is not None:
             self.tokenizer = tokenizer_from_json_str(checkpoint["tokenizer"], self.model.config)
         self.seed = checkpoint.get("training_seed", self.seed)
+        self.model.generation_config = dict(checkpoint.get("generation_config") or {})
