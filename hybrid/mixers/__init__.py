@@ -12,6 +12,7 @@ from hybrid.mixers.base import Mixer, MixerOptions, MixerState
 from hybrid.mixers.gru import GRUMixer
 from hybrid.mixers.linear import LinearAttentionMixer
 from hybrid.mixers.lstm import LSTMMixer, LSTMOptions, LSTMState, RecurrentOptions
+from hybrid.mixers.performer import PerformerMixer
 from hybrid.mixers.ssru import SSRUMixer
 from hybrid.mixers.t2r import T2RMixer
 
@@ -23,8 +24,9 @@ MIXERS: dict[str, type[Mixer]] = {
     "aan": AverageAttentionMixer,
     "linear": LinearAttentionMixer,
     "t2r": T2RMixer,
+    "performer": PerformerMixer,
 }
 
 __all__ = ["MIXERS", "Mixer", "MixerOptions", "MixerState", "AttentionMixer", "KVCache", "LSTMMixer", "LSTMState",
            "RecurrentOptions", "LSTMOptions", "GRUMixer", "SSRUMixer", "AverageAttentionMixer", "LinearAttentionMixer",
-           "T2RMixer"]
+           "T2RMixer", "PerformerMixer"]

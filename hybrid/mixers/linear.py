@@ -60,7 +60,7 @@ class LinearAttentionMixer(Mixer):
 
     Options = ScanOptions
     # Attention and every linear attention project and merge heads with the same layers.
-    carried_over = {name: ("qkv", "out") for name in ("attention", "linear", "t2r")}
+    carried_over = {name: ("qkv", "out") for name in ("attention", "linear", "t2r", "performer")}
 
     def __init__(self, config, options: ScanOptions) -> None:
         super().__init__()
@@ -78,9 +78,14 @@ class LinearAttentionMixer(Mixer):
         """phi: (B, nh, T, hd) -> (B, nh, T, r), every entry > 0."""
         return F.elu(x) + 1.0
 
+    def query_feature_map(self, q: Tensor) -> Tensor:
+        """phi of the queries: ``feature_map``. A subclass may scale each query's features by a factor of
+        its own, which its output does not see (it cancels between numerator and denominator)."""
+        return self.feature_map(q)
+
     def forward(self, x: Tensor) -> Tensor:
         q, k, v = project_qkv(self.qkv(x), self.n_heads, self.rotary, 0)  # 3 x (B, nh, T, hd)
-        y = causal_linear_attention(self.feature_map(q), self.feature_map(k), v, self.chunk_size)
+        y = causal_linear_attention(self.query_feature_map(q), self.feature_map(k), v, self.chunk_size)
         return self.dropout(self.out(merge_heads(y)))
 
     def allocate_state(self, batch_size: int, max_steps: int, device, dtype) -> LinearAttentionState:
@@ -92,7 +97,7 @@ class LinearAttentionMixer(Mixer):
         # Rotary positions need the position; a (B,) one rotates each row by its own.
         start = position.expand(x.shape[0]) if isinstance(position, Tensor) else position
         q, k, v = project_qkv(self.qkv(x.unsqueeze(1)), self.n_heads, self.rotary, start)  # 3 x (B, nh, 1, hd)
-        q, k = self.feature_map(q).squeeze(2), self.feature_map(k).squeeze(2)  # (B, nh, r)
+        q, k = self.query_feature_map(q).squeeze(2), self.feature_map(k).squeeze(2)  # (B, nh, r)
         state.sums.add_(k[..., :, None] * v)  # v: (B, nh, 1, hd) broadcasts over r
         state.normalisers.add_(k)
         numerator = (q[..., None, :] @ state.sums).squeeze(2)  # (B, nh, hd)

@@ -41,9 +41,10 @@ def test_every_copied_tensor_is_bit_identical(target):
     swapped = ("decoder_layers.0.mixer.", "decoder_layers.1.mixer.") if target != "attention" else ()
     carried = tuple(f"{layer}{module}." for layer in swapped
                     for module in MIXERS[target].carried_over.get("attention", ()))
+    drawn = {name for name, _ in converted.named_buffers()}  # new but never trained: performer's features
     for key, value in converted.state_dict().items():
         if key.startswith(swapped) and not key.startswith(carried):
-            assert key in fresh, key
+            assert key in fresh or key in drawn, key
         else:
             assert torch.equal(value, before[key]), key
     assert all(name.startswith(swapped) and not name.startswith(carried) for name in fresh)
@@ -64,6 +65,30 @@ def test_t2r_keeps_the_attention_projections_and_learns_only_its_feature_map():
         assert converted.get_parameter(prefix + "feature_weight").shape == (4, 8, 8)  # (heads, r, head_dim)
     assert sorted(fresh) == sorted(f"decoder_layers.{layer}.mixer.{name}" for layer in range(3)
                                    for name in ("feature_weight", "feature_bias"))
+
+
+def test_performer_keeps_the_attention_projections_and_draws_only_its_features():
+    source = tiny_model(["attention"] * 3, seed=5)
+    converted, fresh = convert(source, "performer", mixer_options={"performer": {"feature_size": 12}})
+    before = source.state_dict()
+    for layer in range(3):
+        prefix = f"decoder_layers.{layer}.mixer."
+        for name in ("qkv.weight", "qkv.bias", "out.weight", "out.bias"):
+            assert torch.equal(converted.state_dict()[prefix + name], before[prefix + name]), prefix + name
+        assert converted.get_buffer(prefix + "projection").shape == (12, 8)  # (m, head_dim), shared by heads
+    assert fresh == []  # nothing to learn first: the features are drawn, not trained
+    assert sorted(key for key in converted.state_dict() if key not in before) == [
+        f"decoder_layers.{layer}.mixer.projection" for layer in range(3)]
+
+
+@pytest.mark.parametrize("source_mixer, target", [("performer", "t2r"), ("t2r", "performer"), ("linear", "performer"),
+                                                   ("performer", "linear")])
+def test_the_linear_attentions_keep_each_others_projections(source_mixer, target):
+    source = tiny_model([source_mixer] * 2, seed=6)
+    converted, _ = convert(source, target)
+    for name in ("qkv.weight", "qkv.bias", "out.weight", "out.bias"):
+        key = f"decoder_layers.1.mixer.{name}"
+        assert torch.equal(converted.state_dict()[key], source.state_dict()[key]), key
 
 
 def test_converted_model_is_exact_step_wise():

@@ -5,6 +5,7 @@ import torch
 from conftest import padded_batch, tiny_model
 
 from hybrid import MIXERS, ModelConfig
+from hybrid.mixers.performer import orthogonal_random_features
 from hybrid.mixers.ssru import linear_recurrence
 
 
@@ -98,6 +99,9 @@ def test_gru_steps_are_pytorchs_gru():
     ("lstm", {"output_projection": "yes"}, "mixer_options.lstm.output_projection must be true or false"),
     ("t2r", {"feature_size": 0}, "mixer_options.t2r.feature_size must be a positive int"),
     ("linear", {"chunk_size": "8"}, "mixer_options.linear.chunk_size must be a positive int"),
+    ("performer", {"feature_size": 0}, "mixer_options.performer.feature_size must be a positive int or None"),
+    ("performer", {"redraw_interval": 0}, "mixer_options.performer.redraw_interval must be a positive int or None"),
+    ("performer", {"redraw_interval": 2.5}, "mixer_options.performer.redraw_interval must be a positive int or None"),
     ("lstm", {"forget_bias": "1"}, "mixer_options.lstm.forget_bias must be a number or None"),
     ("lstm", {"forget_bias": float("nan")}, "mixer_options.lstm.forget_bias must be a number or None"),
 ])
@@ -123,7 +127,7 @@ def test_chunked_linear_attention_is_the_causal_kernel_sum(chunk_size):
     assert torch.allclose(causal_linear_attention(q, k, v, chunk_size), _softmax_free_reference(q, k, v), atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["linear", "t2r"])
+@pytest.mark.parametrize("name", ["linear", "t2r", "performer"])
 def test_linear_attention_applies_its_feature_map_to_the_rotated_queries_and_keys(name):
     from hybrid.layers import merge_heads, project_qkv
 
@@ -136,8 +140,75 @@ def test_linear_attention_applies_its_feature_map_to_the_rotated_queries_and_key
     assert torch.allclose(mixer(x), expected, atol=1e-5)
     if name == "linear":  # Katharopoulos et al.: elu(x) + 1
         assert torch.equal(features_q, torch.nn.functional.elu(q) + 1)
-    else:  # Kasai et al.: relu(W x + b), one W per head
+    elif name == "t2r":  # Kasai et al.: relu(W x + b), one W per head
         assert mixer.feature_weight.shape == (mixer.n_heads, 32, mixer.head_dim)
+    else:  # Choromanski et al.: 2 x head_dim random features by default, one draw for every head
+        assert mixer.projection.shape == (2 * mixer.head_dim, mixer.head_dim)
+
+
+def test_performer_features_are_favor_plus():
+    mixer = _mixer("performer", feature_size=20)  # head_dim 8: two full orthogonal blocks and half of one
+    projection = mixer.projection
+    norms = projection.norm(dim=1)
+    for block in projection.split(8):  # rows orthogonal within a block, each as long as a Gaussian vector
+        assert torch.allclose(block @ block.T, torch.diag(block.norm(dim=1) ** 2), atol=1e-4)
+    assert norms.std() > 0.1  # chi-distributed lengths, not unit rows scaled by sqrt(head_dim)
+    x = torch.randn(2, 2, 5, 8)
+    expected = torch.empty(2, 2, 5, 20)
+    for t in range(5):  # Choromanski et al. 2021, Lemma 1: phi(x) = exp(-|x|^2/2) (exp(w_j . x))_j / sqrt(m)
+        scaled = x[:, :, t] / 8 ** 0.25  # so that phi(q) . phi(k) estimates exp(q . k / sqrt(head_dim))
+        for j in range(20):
+            expected[:, :, t, j] = torch.exp((projection[j] * scaled).sum(-1) - scaled.square().sum(-1) / 2) / 20 ** 0.5
+    assert torch.allclose(mixer.feature_map(x), expected, rtol=1e-5)
+    # Queries lose a factor of their own, which their outputs do not see; their largest feature is 1 / sqrt(m).
+    ratio = mixer.query_feature_map(x) / expected
+    assert torch.allclose(ratio, ratio[..., :1].expand_as(ratio), rtol=1e-4)
+    assert torch.allclose(mixer.query_feature_map(x).amax(-1), torch.full((2, 2, 5), 20 ** -0.5))
+
+
+def test_performer_approaches_softmax_attention_as_its_features_grow():
+    from hybrid.mixers import AttentionMixer
+
+    x = torch.randn(3, 16, 16, generator=torch.Generator().manual_seed(0))
+    errors = []
+    for features in (16, 64, 256, 1024):
+        relative = []
+        for seed in range(4):  # the mean over draws: one draw may land lucky
+            performer = _mixer("performer", feature_size=features)
+            torch.manual_seed(seed)
+            performer.projection.copy_(orthogonal_random_features(features, performer.head_dim))
+            config = _config()
+            attention = AttentionMixer(config, config.options_for("attention")).eval()
+            attention.qkv.load_state_dict(performer.qkv.state_dict())
+            attention.out.load_state_dict(performer.out.state_dict())
+            with torch.no_grad():
+                exact = attention(x)
+                relative.append(((performer(x) - exact).norm() / exact.norm()).item())
+        errors.append(sum(relative) / len(relative))
+    assert errors == sorted(errors, reverse=True) and len(set(errors)) == len(errors), errors
+
+
+def test_performer_redraws_its_features_in_training_every_interval_and_never_in_eval():
+    mixer = _mixer("performer", redraw_interval=3).train()
+    x = torch.randn(2, 5, 16)
+    drawn = mixer.projection.clone()
+    for _ in range(3):
+        mixer(x)
+        assert torch.equal(mixer.projection, drawn)
+    mixer(x)  # the fourth call, after redraw_interval calls on the first draw
+    assert not torch.equal(mixer.projection, drawn) and mixer.projection.shape == drawn.shape
+    redrawn = mixer.projection.clone()
+    mixer.eval()
+    state = mixer.allocate_state(2, 5, x.device, x.dtype)
+    for t in range(5):
+        mixer(x)
+        mixer.step(x[:, t], state, t)
+    assert torch.equal(mixer.projection, redrawn)
+    never = _mixer("performer", redraw_interval=None).train()
+    first = never.projection.clone()
+    for _ in range(5):
+        never(x)
+    assert torch.equal(never.projection, first)
 
 
 @pytest.mark.parametrize("name", list(MIXERS))
