@@ -127,10 +127,12 @@ def test_every_root_config_composes(name):
         cfg = compose(name, return_hydra_config=True)
     HydraConfig().set_config(cfg)  # lets the run folder's ${hydra:...} resolve, as under `hybrid fit`
     required = {key for key in cfg if key != "hydra" and OmegaConf.is_missing(cfg, key)}
-    assert required == {"config": set(), "generate": {"ckpt_path"}, "export": {"ckpt_path", "output"},
+    assert required == {"config": set(), "generate": {"ckpt_path"}, "distill_data": {"ckpt_path", "output"},
+                        "export": {"ckpt_path", "output"},
                         "convert": {"ckpt_path", "pattern", "output"}, "ablate": {"runs"},
                         "import": {"hf", "output"}}.get(name, set())
-    in_place = name not in ("config", "generate")  # the verbs without a run folder (configs/hydra/in_place.yaml)
+    # The verbs without a run folder (configs/hydra/in_place.yaml)
+    in_place = name not in ("config", "generate", "distill_data")
     assert (cfg.hydra.run.dir == "." and cfg.hydra.output_subdir is None) == in_place
     assert ("file" in cfg.hydra.job_logging.handlers) != in_place
 

@@ -48,6 +48,9 @@ VERBS: dict[str, Verb] = {
     "test": Verb("config", "train:run_test", "score a checkpoint on the test split (ckpt_path=...)"),
     "generate": Verb("generate", "generate:run_generate",
                      "decode one source per line, in bulk (ckpt_path=... input=... output=... num_beams=N ...)"),
+    "distill-data": Verb("distill_data", "distill_data:run_distill_data",
+                         "the teacher's outputs for every training source, the data of sequence-level distillation "
+                         "(ckpt_path=... data=... output=...)"),
     "export": Verb("export", "export:run_export",
                    "write a checkpoint as a folder that loads without Lightning or Hydra (ckpt_path=... output=...)"),
     "import": Verb("import", "importing:run_import",
@@ -97,7 +100,7 @@ def run_verb(name: str, overrides: Sequence[str]) -> None:
     import hydra
 
     verb = VERBS[name]
-    if name == "generate":
+    if name in ("generate", "distill-data"):  # the verbs with a generation node
         from hybrid.cli.generate import qualify_generation_option
 
         overrides = [qualify_generation_option(override) for override in overrides]

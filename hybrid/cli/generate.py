@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from hybrid.generation.config import GenerationConfig
 from hybrid.training.checkpoint import load_for_inference
+
+if TYPE_CHECKING:
+    from hybrid.inference import BulkJob
+    from hybrid.model import Seq2Seq
+    from hybrid.training.checkpoint import AnyTokenizer
 
 GENERATION_OPTIONS = GenerationConfig.command_line_options()  # each field says whether a command line can set it
 
@@ -23,8 +29,24 @@ def run_generate(cfg: DictConfig) -> bool:
     standard output), one line per source in input order, as a bulk job (:mod:`hybrid.inference`):
     bucketed, batched by a token budget, refilled, resumable, split by ``shard=i/n`` or over DDP ranks
     (``strategy=ddp devices=N``). Returns whether the output is complete."""
-    from hybrid.inference import BulkJob, run_bulk, run_bulk_ddp
+    from hybrid.inference import run_bulk, run_bulk_ddp
 
+    model, tokenizer = load_decoder(cfg)
+    job = bulk_job(cfg, cfg.on_error)
+    options = dict(input_format=cfg.input_format, shard=cfg.shard, work_dir=cfg.work_dir,
+                   keep_shards=cfg.keep_shards, progress=cfg.progress, fingerprint=decoder_fingerprint(cfg))
+    if cfg.strategy is None:
+        return run_bulk(model, tokenizer, cfg.input, cfg.output, job, resume=cfg.resume, **options)
+    if not cfg.resume:
+        raise ValueError("resume=false would let every rank empty the work folder: delete it before the run")
+    trainer = dict(strategy=cfg.strategy, devices=cfg.devices, num_nodes=cfg.num_nodes,
+                   accelerator="cpu" if next(model.parameters()).device.type == "cpu" else "gpu")
+    return run_bulk_ddp(model, tokenizer, cfg.input, cfg.output, job, trainer, **options)
+
+
+def load_decoder(cfg: DictConfig) -> tuple[Seq2Seq, AnyTokenizer]:
+    """The model and tokenizer of ``cfg.ckpt_path`` on ``cfg.device`` (``auto``: cuda when available), through
+    the fast path when ``cfg.optimize`` (int8 weights with ``cfg.quantize``): what every bulk job decodes with."""
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     model, tokenizer = load_for_inference(cfg.ckpt_path, device)
     if cfg.optimize:
@@ -33,20 +55,22 @@ def run_generate(cfg: DictConfig) -> bool:
         model.optimize_for_inference(cfg.quantize, cache_dir=cache_dir_for(cfg.ckpt_path))
     elif cfg.quantize:
         raise ValueError("quantize needs optimize=true: quantized weights are part of the fast path")
-    job = BulkJob(generation=generation_options(cfg.generation), max_tokens=cfg.max_tokens,
-                  max_batch_size=cfg.batch_size, window=cfg.window, refill=cfg.refill, shard_size=cfg.shard_size,
-                  seed=cfg.seed, on_error=cfg.on_error)
-    options = dict(input_format=cfg.input_format, shard=cfg.shard, work_dir=cfg.work_dir,
-                   keep_shards=cfg.keep_shards, progress=cfg.progress,
-                   fingerprint={"ckpt_path": str(Path(cfg.ckpt_path).resolve()), "optimize": cfg.optimize,
-                                "quantize": cfg.quantize})
-    if cfg.strategy is None:
-        return run_bulk(model, tokenizer, cfg.input, cfg.output, job, resume=cfg.resume, **options)
-    if not cfg.resume:
-        raise ValueError("resume=false would let every rank empty the work folder: delete it before the run")
-    trainer = dict(strategy=cfg.strategy, devices=cfg.devices, num_nodes=cfg.num_nodes,
-                   accelerator="cpu" if torch.device(device).type == "cpu" else "gpu")
-    return run_bulk_ddp(model, tokenizer, cfg.input, cfg.output, job, trainer, **options)
+    return model, tokenizer
+
+
+def bulk_job(cfg: DictConfig, on_error: str) -> BulkJob:
+    """The bulk job of a verb's config: its ``generation`` node and its batching keys (``max_tokens``,
+    ``batch_size``, ``window``, ``refill``, ``shard_size``, ``seed``), with ``on_error`` for undecodable lines."""
+    from hybrid.inference import BulkJob
+
+    return BulkJob(generation=generation_options(cfg.generation), max_tokens=cfg.max_tokens,
+                   max_batch_size=cfg.batch_size, window=cfg.window, refill=cfg.refill, shard_size=cfg.shard_size,
+                   seed=cfg.seed, on_error=on_error)
+
+
+def decoder_fingerprint(cfg: DictConfig) -> dict:
+    """What a rerun of a bulk job must share beyond the model's weights for its finished shards to be reused."""
+    return {"ckpt_path": str(Path(cfg.ckpt_path).resolve()), "optimize": cfg.optimize, "quantize": cfg.quantize}
 
 
 def generation_options(node: DictConfig) -> dict:
