@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import shutil
 from pathlib import Path
 
@@ -74,8 +75,8 @@ def run_distill_data(cfg: DictConfig) -> Path:
     if empty:
         logger.warning("%d of the teacher's outputs are empty: hybrid fit skips those lines (empty_text)", empty)
     logger.info("wrote %d training pairs (source, teacher output) to %s", len(pairs), output)
-    logger.info("train a student on them with the data options and seed used here, so that validation and test "
-                "score against the references: %s", _fit_command(output))
+    logger.info("train a student on them, with this data's validation and test references: %s",
+                _fit_command(cfg, output))
     return output
 
 
@@ -97,10 +98,16 @@ def _training_line(source: str, target: str, as_jsonl: bool) -> str:
     return f"{source}\t{target}\n"
 
 
-def _fit_command(output: Path) -> str:
-    """The ``hybrid fit`` command line that trains on ``output`` and scores on the data's own held-out splits."""
-    data = HydraConfig.get().runtime.choices.get("data")
-    if data == "g2p":  # G2P keeps the dictionary's own validation and test words
-        return f"hybrid fit data=g2p data.train_path={output} init_from=STUDENT.ckpt"
-    return (f"hybrid fit data=text data.train_path={output} data.val_path=VAL.tsv data.test_path=TEST.tsv "
-            "init_from=STUDENT.ckpt (the held-out pairs as files, else they are cut from the teacher's outputs)")
+def _fit_command(cfg: DictConfig, output: Path) -> str:
+    """The ``hybrid fit`` command line that trains on ``output``: this command line's data options and seed,
+    so that the held-out splits are the same, with ``output`` as the training file."""
+    hydra = HydraConfig.get()
+    data = hydra.runtime.choices.get("data")
+    same_data = [override for override in hydra.overrides.task
+                 if override.startswith(("data.", "seed=")) and not override.startswith("data.train_path=")]
+    command = shlex.join(["hybrid", "fit", f"data={data}", *same_data, f"data.train_path={output}",
+                          "init_from=STUDENT.ckpt"])
+    if data != "g2p" and (cfg.data.get("val_path") is None or cfg.data.get("test_path") is None):
+        command += " data.val_path=VAL.tsv data.test_path=TEST.tsv (the held-out pairs, else they are cut from the "
+        command += "teacher's outputs)"
+    return command

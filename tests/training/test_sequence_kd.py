@@ -54,11 +54,13 @@ def training_words(g2p) -> list[str]:
     return list(dict.fromkeys(word for word, _ in g2p.pairs["train"]))
 
 
-def test_the_training_file_holds_the_teachers_output_for_each_distinct_training_source_once(g2p, teacher, tmp_path):
+def test_the_training_file_holds_the_teachers_output_for_each_distinct_training_source_once(g2p, teacher, tmp_path,
+                                                                                             caplog):
     # A random teacher also emits letters, which the student's data would refuse as unknown phonemes.
     letters = [[g2p.tokenizer.unk_id], *([token] for token in g2p.tokenizer.encode_source(G2P_GRAPHEMES)[:-1])]
-    output = distill(tmp_path, f"ckpt_path={teacher}", f"output={tmp_path / 'kd.tsv'}", *DATA,
-                     "generation.max_new_tokens=6", f"generation.bad_words_ids={json.dumps(letters)}")
+    with caplog.at_level(logging.INFO, logger="hybrid.cli.distill_data"):
+        output = distill(tmp_path, f"ckpt_path={teacher}", f"output={tmp_path / 'kd.tsv'}", *DATA,
+                         "generation.max_new_tokens=6", f"generation.bad_words_ids={json.dumps(letters)}")
     words = training_words(g2p)
     assert len(words) < len(g2p.pairs["train"])  # the variants' words are distilled once each
     model = teacher_model(g2p)
@@ -70,6 +72,7 @@ def test_the_training_file_holds_the_teachers_output_for_each_distinct_training_
     student_data = G2PDataModule(max_words=60, seed=3, train_path=str(output))  # the student's fit reads it
     assert student_data.pairs["train"] == [tuple(line.split("\t")) for line in expected]
     assert student_data.pairs["val"] == g2p.pairs["val"] and student_data.pairs["test"] == g2p.pairs["test"]
+    assert f"hybrid fit data=g2p {' '.join(DATA)} data.train_path={output} init_from=STUDENT.ckpt" in caplog.text
 
 
 def test_a_killed_run_resumes_from_the_shards_it_finished(g2p, teacher, tmp_path, monkeypatch):
