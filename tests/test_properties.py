@@ -108,11 +108,11 @@ INVALID_CONFIG = {
     "decoder_mixers": [None, 5, [["lstm"]], "no-such-mixer", [], ["lstm", 3], ["lstm"] * 3],
     "mixer_options": [{"lstm": {"hidden_size": 0}}, {"lstm": {"hidden_size": 4.0}}, {"lstm": {"width": 3}},
                       {"t2r": {"feature_size": 0}}, {"lstm": {"forget_bias": "1"}}, {"gru": {"output_projection": 1}},
-                      {"ssru": {"chunk_size": None}}, {"aan": {"ffn_size": -1}},
+                      {"ssru": {"chunk_size": None}}, {"aan": {"ffn_size": -1}}, {"performer": {"redraw_interval": 0}},
                       {"no-such-mixer": {}}, {"lstm": 5}, []],
     "dropout": [-0.1, 1.0, math.nan, "x"], "max_positions": [0, 2.0],
     "layer_norm_eps": [-1.0, 0.0, math.nan, math.inf, "x"], "tie_embeddings": ["no", 1],
-    "pad_id": [-1, 100, 1], "bos_id": [0, 1.0], "eos_id": [0, 99], "extra": [[]],
+    "pad_id": [-1, 100, 1], "bos_id": [-1, 1.0], "eos_id": [0, 99], "extra": [[]],
 }
 # These four always drawn, so a default never builds a large model; the rest may take their defaults.
 configs = valid_or_one_invalid(VALID_CONFIG, INVALID_CONFIG, frozenset({"vocab_size", "d_model", "n_heads",
