@@ -96,11 +96,11 @@ class PerformerMixer(LinearAttentionMixer):
         return exponents.clamp(max=_MAX_KEY_EXPONENT).exp() / math.sqrt(self._features)
 
     def query_feature_map(self, q: Tensor) -> Tensor:
-        """phi(q) up to a factor per query, exp(W x - max W x) / sqrt(m): the factor cancels in the query's
-        output, and this one keeps the largest feature at 1 / sqrt(m), so none overflows or all vanish.
-        (|x|^2/2 is such a factor too, so it goes with the max.)"""
+        """phi(q) up to a factor per query, exp(W x - max W x): the factor cancels in the query's output, and
+        this one makes the largest feature 1, so none overflows, they cannot all vanish, and the normaliser
+        stays far above the scan's epsilon. (exp(-|x|^2/2) / sqrt(m) is such a factor too, so it goes.)"""
         projected, _ = self._exponents(q)
-        return (projected - projected.amax(dim=-1, keepdim=True).detach()).exp() / math.sqrt(self._features)
+        return (projected - projected.amax(dim=-1, keepdim=True).detach()).exp()
 
     def forward(self, x: Tensor) -> Tensor:
         if self.training and self.redraw_interval is not None:

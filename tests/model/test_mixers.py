@@ -160,10 +160,10 @@ def test_performer_features_are_favor_plus():
         for j in range(20):
             expected[:, :, t, j] = torch.exp((projection[j] * scaled).sum(-1) - scaled.square().sum(-1) / 2) / 20 ** 0.5
     assert torch.allclose(mixer.feature_map(x), expected, rtol=1e-5)
-    # Queries lose a factor of their own, which their outputs do not see; their largest feature is 1 / sqrt(m).
+    # Queries lose a factor of their own, which their outputs do not see; their largest feature is 1.
     ratio = mixer.query_feature_map(x) / expected
     assert torch.allclose(ratio, ratio[..., :1].expand_as(ratio), rtol=1e-4)
-    assert torch.allclose(mixer.query_feature_map(x).amax(-1), torch.full((2, 2, 5), 20 ** -0.5))
+    assert torch.equal(mixer.query_feature_map(x).amax(-1), torch.ones(2, 2, 5))
 
 
 def test_performer_approaches_softmax_attention_as_its_features_grow():
