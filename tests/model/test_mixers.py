@@ -166,6 +166,18 @@ def test_performer_features_are_favor_plus():
     assert torch.equal(mixer.query_feature_map(x).amax(-1), torch.ones(2, 2, 5))
 
 
+def test_performer_key_features_stay_finite_where_the_formula_overflows_float32():
+    config = ModelConfig(vocab_size=11, d_model=256, n_heads=1, d_ff=32, decoder_layers=1, dropout=0.0,
+                         mixer_options={"performer": {"feature_size": 16}})
+    torch.manual_seed(0)
+    mixer = MIXERS["performer"](config, config.options_for("performer")).eval()
+    row = mixer.projection[0]
+    key = (row * 256 ** 0.25).view(1, 1, 1, 256)  # scaled, the row itself: exponent |w|^2 / 2, about 128
+    assert (row.square().sum() / 2).exp().isinf()  # float32 ends at e^88.7
+    features = mixer.feature_map(key)
+    assert torch.isfinite(features).all() and features.max() > 1e20
+
+
 def test_performer_approaches_softmax_attention_as_its_features_grow():
     from hybrid.mixers import AttentionMixer
 
