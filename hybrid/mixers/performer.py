@@ -98,13 +98,13 @@ class PerformerMixer(LinearAttentionMixer):
     def query_feature_map(self, q: Tensor) -> Tensor:
         """phi(q) up to a factor per query, exp(W x - max W x): the factor cancels in the query's output, and
         this one makes the largest feature 1, so none overflows, they cannot all vanish, and the normaliser
-        stays far above the scan's epsilon. (exp(-|x|^2/2) / sqrt(m) is such a factor too, so it goes.)"""
+        sits well clear of the scan's epsilon. (exp(-|x|^2/2) / sqrt(m) is such a factor too, so it goes.)"""
         projected, _ = self._exponents(q)
         return (projected - projected.amax(dim=-1, keepdim=True).detach()).exp()
 
     def forward(self, x: Tensor) -> Tensor:
         if self.training and self.redraw_interval is not None:
-            # Fresh features every few hundred steps keep training from fitting one draw's errors.
+            # Fresh features now and then keep training from fitting one draw's errors.
             if self._calls_since_redraw == self.redraw_interval:
                 self.projection.copy_(orthogonal_random_features(self._features, self.head_dim))
                 self._calls_since_redraw = 0
