@@ -3,8 +3,8 @@
 
 The converted model has new mixers in the named layers and bit-identical copies of everything
 else (embeddings, encoder, cross-attention, FFNs, norms, head). Within a new mixer, what its class
-declares in ``carried_over`` (for ``linear`` and ``t2r``: the attention layer's Q/K/V and output
-projections) is copied too, and the rest is freshly initialised; a short fine-tune then teaches
+declares in ``carried_over`` (for ``linear``, ``t2r`` and ``performer``: the attention layer's Q/K/V and
+output projections) is copied too, and the rest is freshly initialised; a short fine-tune then teaches
 the new mixers to stand in for the old ones.
 """
 
