@@ -130,7 +130,9 @@ def build_engines(args: argparse.Namespace) -> list[Engine]:
         ctranslate2_engine(args.ct2, args.teacher, "float32", args.threads),
         ctranslate2_engine(args.ct2, args.teacher, "int8", args.threads),
     ]
-    return [engine for engine in engines if engine.name in args.engines]
+    students = [hybrid_engine(f"{name}-fast-fp32", Path(path), fast=True)
+                for name, path in (student.split("=", 1) for student in args.student)]
+    return [engine for engine in engines if engine.name in args.engines] + students
 
 
 def decode_in_batches(engine: Engine, words: list[str], batch_size: int, num_beams: int) -> list[str]:
@@ -215,7 +217,8 @@ def summarize(engines: list[Engine], measured: dict, words: list[str], reference
 
 
 def markdown(rows: dict, words: int, threads: int) -> str:
-    lines = [f"The imported teacher on the G2P test split ({words} words), CPU, {threads} threads. "
+    lines = [f"The imported teacher (and any students, named by their mixer and way: --student) on the G2P test "
+             f"split ({words} words), CPU, {threads} threads. "
              f"Speed is words/s over all timed chunks (higher is better) and the median over chunks of its ratio "
              f"to {REFERENCE_ENGINE} in the same chunk; PER, WER by hybrid "
              f"test's metric; 'differ' counts words whose prediction differs from transformers' generate() "
@@ -359,7 +362,11 @@ def main() -> None:
                         help="then split hybrid's time per word on the first N words (0: no profile)")
     parser.add_argument("--engines", nargs="+", default=["hybrid-eager", "hybrid-fast-fp32", "hybrid-fast-int8",
                                                          "transformers", "ct2-float32", "ct2-int8"])
+    parser.add_argument("--student", action="append", default=[], metavar="NAME=PATH",
+                        help="also time a student (a checkpoint or model folder) on the fast path, float32, as NAME")
     args = parser.parse_args()
+    if any("=" not in student for student in args.student):
+        parser.error("--student takes NAME=PATH")
     if min(args.threads, args.chunks, args.words or 1, args.batch1_timed_words or 1) < 1:
         parser.error("--threads, --chunks, --words and --batch1-timed-words must be at least 1")
     for folder in (args.teacher, args.imported, args.ct2):

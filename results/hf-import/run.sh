@@ -8,7 +8,13 @@
 #      import_parity.json, and the script fails on any difference;
 #   3. exports the imported model back to transformers (hybrid export format=transformers) and converts that
 #      folder with CTranslate2's own converter;
-#   4. times every engine on the test split (bench_engines.py): engines.json, engines.md, bench.log.
+#   4. times every engine on the test split (bench_engines.py): engines.json, engines.md, bench.log;
+#   5. the students table (issue 29, students.py): the teacher converted to lstm, ssru, aan, t2r and performer, each
+#      trained three ways (and the control: the teacher fine-tuned alike) on 4000 of its training words at 320
+#      steps, lstm also by sequence-level distillation, then 3 seeds of each mixer's best way: students.json,
+#      students.md, students.log;
+#   6. the best student of each mixer timed on the fast path beside CTranslate2 running the teacher
+#      (bench_engines.py --student): students-speed/engines.json, engines.md, students-speed.log.
 # Usage, from the repository root: bash results/hf-import/run.sh   (THREADS=2 by default, for step 4)
 # Steps 1-3 run on one thread; step 4 holds /tmp/bench_running while it times (a note to the machine's other users).
 set -euo pipefail
@@ -84,3 +90,15 @@ trap 'rm -f /tmp/bench_running' EXIT
 OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS python "$HERE/bench_engines.py" --threads "$THREADS" \
   --batch1-timed-words 2048 2>&1 \
   | tee "$HERE/bench.log"
+
+# 5. The students (one thread per run, two side by side; a run with a result.json is not run again).
+python "$HERE/students.py" --ways converted plain transfer distil --seeds 0 --jobs 2 2>&1 | tee "$HERE/students.log"
+python "$HERE/students.py" --mixers attention lstm --ways plain seqkd --seeds 0 --jobs 2 2>&1 | tee -a "$HERE/students.log"
+python "$HERE/students.py" --best-way-seeds 1 2 --jobs 2 2>&1 | tee -a "$HERE/students.log"
+
+# 6. Each mixer's best student (seed 0) on the fast path, with the teacher's fast path and CTranslate2 beside it.
+# shellcheck disable=SC2046  # one --student NAME=PATH option per mixer
+OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS python "$HERE/bench_engines.py" --threads "$THREADS" \
+  --batch1-timed-words 1024 --engines hybrid-fast-fp32 ct2-float32 ct2-int8 $(python "$HERE/students.py" --best-checkpoints) \
+  --out "$HERE/students-speed" --predictions "$WORK/students-speed-predictions" --profile-words 256 2>&1 \
+  | tee "$HERE/students-speed.log"
