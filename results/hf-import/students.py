@@ -103,9 +103,11 @@ def run_one(mixer: str, way: str, seed: int, args: argparse.Namespace) -> dict:
                                                                  transfer_steps=0, train_seconds=0.0))
     # Validation once, at a stage's end (val loss over the whole split, PER of its first batch), and no early stop:
     # every way trains exactly its steps, and the table scores the weights it ends with.
-    common = ["data=g2p", f"data.train_path={USER_DATA}", f"seed={seed}", "callbacks.early_stopping=null",
-              "module.decode_batches=1", "trainer.limit_val_batches=20", f"module.warmup_steps={args.warmup_steps}",
-              f"module.max_new_tokens={MAX_NEW_TOKENS}"]
+    # data.seed=0: the teacher's splits, whatever the run's seed (which seeds G2P's splits by default, and with
+    # another split the user's words would hold test words: data.train_path refuses them).
+    common = ["data=g2p", f"data.train_path={USER_DATA}", f"seed={seed}", "data.seed=0",
+              "callbacks.early_stopping=null", "module.decode_batches=1", "trainer.limit_val_batches=20",
+              f"module.warmup_steps={args.warmup_steps}", f"module.max_new_tokens={MAX_NEW_TOKENS}"]
     tune_steps = args.steps
     if way != "plain":
         hybrid("fit", *common, f"init_from={start}", f"trainer.max_steps={args.transfer_steps}",
