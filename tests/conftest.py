@@ -166,3 +166,14 @@ def tiny_transformers_tokenizer(model: object):
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
                                    **({"bos_token": "<s>"} if "<s>" in vocab else {}))
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from threads, and on a shared CPU idle threads spinning cost a lot: a module
+    that trains or decodes many of them asks for one thread with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -21,6 +21,7 @@ from hybrid.generation.bulk import RefillDecoder
 from hybrid.inference import BulkJob, Rejected, ShardStore, count_sources, read_sources, run_bulk
 from hybrid.training import Seq2SeqTokenizer
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 ALPHABET = "abcdefghij"
 GREEDY = {"max_new_tokens": 12}
 SAMPLED = {"max_new_tokens": 12, "do_sample": True, "top_k": 0, "temperature": 1.5}
@@ -29,15 +30,6 @@ SAMPLED = {"max_new_tokens": 12, "do_sample": True, "top_k": 0, "temperature": 1
 def words(count: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     return ["".join(rng.choices(ALPHABET, k=rng.randint(0 if i % 97 == 5 else 1, 12))) for i in range(count)]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared CPU idle threads spinning cost a lot."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -54,28 +54,31 @@ def test_every_copied_tensor_is_bit_identical(target):
     assert converted.config.decoder_mixers == [target, target, "attention"]
 
 
-def test_t2r_keeps_the_attention_projections_and_learns_only_its_feature_map():
+def _converted_keeping_projections(target: str, options: dict):
+    """A 3-layer attention model converted to ``target`` with ``options``, after checking that every layer kept
+    the attention layer's Q/K/V and output projections bit for bit."""
     source = tiny_model(["attention"] * 3, seed=5)
-    converted, fresh = convert(source, "t2r", mixer_options={"t2r": {"feature_size": 8}})
+    converted, fresh = convert(source, target, mixer_options={target: options})
     before = source.state_dict()
     for layer in range(3):
         prefix = f"decoder_layers.{layer}.mixer."
         for name in ("qkv.weight", "qkv.bias", "out.weight", "out.bias"):
             assert torch.equal(converted.state_dict()[prefix + name], before[prefix + name]), prefix + name
-        assert converted.get_parameter(prefix + "feature_weight").shape == (4, 8, 8)  # (heads, r, head_dim)
+    return converted, fresh, before
+
+
+def test_t2r_keeps_the_attention_projections_and_learns_only_its_feature_map():
+    converted, fresh, _ = _converted_keeping_projections("t2r", {"feature_size": 8})
+    for layer in range(3):  # (heads, r, head_dim)
+        assert converted.get_parameter(f"decoder_layers.{layer}.mixer.feature_weight").shape == (4, 8, 8)
     assert sorted(fresh) == sorted(f"decoder_layers.{layer}.mixer.{name}" for layer in range(3)
                                    for name in ("feature_weight", "feature_bias"))
 
 
 def test_performer_keeps_the_attention_projections_and_draws_only_its_features():
-    source = tiny_model(["attention"] * 3, seed=5)
-    converted, fresh = convert(source, "performer", mixer_options={"performer": {"feature_size": 12}})
-    before = source.state_dict()
-    for layer in range(3):
-        prefix = f"decoder_layers.{layer}.mixer."
-        for name in ("qkv.weight", "qkv.bias", "out.weight", "out.bias"):
-            assert torch.equal(converted.state_dict()[prefix + name], before[prefix + name]), prefix + name
-        assert converted.get_buffer(prefix + "projection").shape == (12, 8)  # (m, head_dim), shared by heads
+    converted, fresh, before = _converted_keeping_projections("performer", {"feature_size": 12})
+    for layer in range(3):  # (m, head_dim), shared by heads
+        assert converted.get_buffer(f"decoder_layers.{layer}.mixer.projection").shape == (12, 8)
     assert fresh == []  # nothing to learn first: the features are drawn, not trained
     assert sorted(key for key in converted.state_dict() if key not in before) == [
         f"decoder_layers.{layer}.mixer.projection" for layer in range(3)]

@@ -13,6 +13,7 @@ from hybrid.cli.train import run_fit
 from hybrid.training.checkpoint import export_checkpoint, read_checkpoint
 
 # A transformer small enough to learn copying 1-8 letters in a few seconds: 16 steps per epoch.
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 TINY = ["experiment=copy_transformer", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",
         "model.encoder_layers=1", "model.decoder_layers=2", "data.max_length=8", "data.train_size=512",
         "data.val_size=64", "data.test_size=64", "data.batch_size=32", "module.learning_rate=3e-3",
@@ -20,15 +21,6 @@ TINY = ["experiment=copy_transformer", "model.d_model=32", "model.n_heads=2", "m
         "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "callbacks.progress_bar=null",
         "callbacks.early_stopping=null"]
 PRETRAIN_STEPS, FINE_TUNE_STEPS = 160, 32
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Models this small train several times faster on one thread, more so on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def fit(tmp_path: Path, *overrides: str):

@@ -7,7 +7,6 @@ import logging
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import compose_config, decode_alone, tiny_model
 
 from hybrid import inference
@@ -17,17 +16,9 @@ from hybrid.inference import ShardStore
 from hybrid.training.checkpoint import write_checkpoint
 from hybrid.training.data import G2P_GRAPHEMES, G2PDataModule
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 DATA = ["data.max_words=60", "data.pronunciations=all", "data.seed=3"]  # 54 training words, some with variants
 GREEDY = {"max_new_tokens": 6}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared CPU idle threads spinning cost a lot."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
