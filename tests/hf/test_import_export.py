@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import TRANSFORMERS_FAMILIES, tiny_transformers_model, tiny_transformers_tokenizer
 
-from hybrid import ModelConfig, Seq2Seq
+from hybrid import MIXERS, ModelConfig, Seq2Seq
 from hybrid.hf.exporter import save_transformers
 
 transformers = pytest.importorskip("transformers")
@@ -208,3 +208,23 @@ def test_hybrid_import_then_generate_decodes_text_as_transformers_and_export_ref
     assert refused.returncode == 1
     assert "only a decoder of attention mixers exports to transformers" in refused.stderr
     assert not (tmp_path / "back").exists() or not any((tmp_path / "back").iterdir())
+
+
+@pytest.mark.parametrize("mixer", sorted(MIXERS))
+def test_an_imported_model_converts_to_every_mixer_keeping_all_else_and_its_generation_defaults(mixer):
+    from hybrid.convert import convert
+
+    model = Seq2Seq.from_transformers(tiny_transformers_model("marian")).eval()
+    converted, _ = convert(model, mixer)
+    converted.eval()
+    before, after = model.state_dict(), converted.state_dict()
+    assert all(torch.equal(after[key], value) for key, value in before.items() if ".mixer." not in key)
+    architecture = ("positions", "position_offset", "pre_norm", "activation", "embedding_scale", "bos_id", "pad_id")
+    assert all(getattr(converted.config, name) == getattr(model.config, name) for name in architecture)
+    assert converted.generation_config == model.generation_config
+    src = torch.tensor([[5, 17, 9, 0], [8, 3, 0, model.config.pad_id]])
+    tgt = torch.tensor([[model.config.bos_id, 4, 12, 6], [model.config.bos_id, 7, 7, 2]])
+    with torch.no_grad():  # the converted model steps as it runs in parallel, under Marian's architecture
+        state = converted.start(src, src != model.config.pad_id, max_steps=tgt.shape[1])
+        stepped = torch.stack([converted.step(tgt[:, t], state) for t in range(tgt.shape[1])], dim=1)
+        assert (stepped - converted(src, tgt, src != model.config.pad_id)).abs().max().item() <= 1e-4
