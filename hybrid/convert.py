@@ -55,6 +55,12 @@ def parse_pattern(pattern: str | Sequence[str], layers: int) -> list[str]:
     return names
 
 
+def changed_layers(old: ModelConfig, new: ModelConfig) -> list[int]:
+    """The decoder layers whose mixer differs from ``old`` to ``new``, in kind or in its options."""
+    return [i for i, (before, after) in enumerate(zip(old.decoder_mixers, new.decoder_mixers, strict=True))
+            if before != after or new.options_for(after) != old.options_for(before)]
+
+
 def convert(model: Seq2Seq, pattern: str | Sequence[str], mixer_options: dict[str, dict] | None = None,
             seed: int = 0) -> tuple[Seq2Seq, list[str]]:
     """A copy of ``model`` whose decoder layers use the mixers of ``pattern``.
@@ -73,8 +79,7 @@ def convert(model: Seq2Seq, pattern: str | Sequence[str], mixer_options: dict[st
     new_config = ModelConfig.from_dict(dict(config.to_dict(), decoder_mixers=names, mixer_options=options))
     torch.manual_seed(seed)
     converted = Seq2Seq(new_config)
-    changed = [i for i, (old, new) in enumerate(zip(config.decoder_mixers, names, strict=True))
-               if old != new or new_config.options_for(new) != config.options_for(old)]
+    changed = changed_layers(config, new_config)
     swapped = tuple(f"decoder_layers.{i}.mixer." for i in changed)
     # Within a swapped mixer, the submodules its class declares it shares with the old one carry over.
     carried = tuple(f"decoder_layers.{i}.mixer.{module}." for i in changed

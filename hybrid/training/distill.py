@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hybrid.config import ModelConfig
+from hybrid.convert import changed_layers
 from hybrid.model import Seq2Seq
 
 MATCHES = ("logits", "mixers")
@@ -106,8 +107,7 @@ def swapped_layers(teacher: ModelConfig, student: ModelConfig) -> list[int]:
     if differing:
         raise ValueError(f"mixer transfer needs the teacher the student was converted from: they differ in "
                          f"{differing}, beyond their mixers")
-    layers = [i for i, (old, new) in enumerate(zip(teacher.decoder_mixers, student.decoder_mixers, strict=True))
-              if old != new or teacher.options_for(old) != student.options_for(new)]
+    layers = changed_layers(teacher, student)
     if not layers:
         raise ValueError(f"mixer transfer: the student's decoder mixers {student.decoder_mixers} are the teacher's; "
                          "swap some with hybrid convert first, or distil with module.distill.match=logits")
