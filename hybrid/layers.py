@@ -170,11 +170,7 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.project(x))
-
-    def project(self, x: Tensor) -> Tensor:
-        """The MLP without dropout: what a decoding step runs."""
-        return self.fc_out(self.activation(self.fc_in(x)))
+        return self.dropout(self.fc_out(self.activation(self.fc_in(x))))
 
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:

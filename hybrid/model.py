@@ -70,11 +70,11 @@ class DecoderLayer(nn.Module):
         return self.residual(x, self.ffn_norm, self.ffn)
 
     def step(self, x: Tensor, layer: int, state: DecodeState, position: int | Tensor) -> Tensor:
-        """Step form. x: (B, D) -> (B, D), updating this layer's mixer state in place (no dropout:
-        stepping is inference)."""
+        """Step form. x: (B, D) -> (B, D), updating this layer's mixer state in place. Decoding runs in
+        eval mode, where dropout is off."""
         x = self.residual(x, self.mixer_norm, lambda h: self.mixer.step(h, state.mixer_states[layer], position))
         x = self.residual(x, self.cross_norm, lambda h: self._attend(h, layer, state))
-        return self.residual(x, self.ffn_norm, self.ffn.project)
+        return self.residual(x, self.ffn_norm, self.ffn)
 
     def _attend(self, x: Tensor, layer: int, state: DecodeState) -> Tensor:
         # The rows of one source (beams, samples) query its memory together: (sources, group, D).

@@ -55,7 +55,7 @@ class AverageAttentionMixer(Mixer):
         inner = options.ffn_size or d_model
         self.ffn_in, self.ffn_out = nn.Linear(d_model, inner), nn.Linear(inner, d_model)
         self.gates = nn.Linear(2 * d_model, 2 * d_model)  # the input gate i and the forget gate f
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)  # inside its FFN, as the paper's; never on the output
         # Derived from the config, so not saved (as the rotary tables).
         self.register_buffer("positions", sinusoids(config.max_positions, d_model, interleaved=True), persistent=False)
 
@@ -67,7 +67,7 @@ class AverageAttentionMixer(Mixer):
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.positions[:x.shape[1]].to(x.dtype)  # (B, T, D)
         counts = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=x.dtype)[:, None]  # (T, 1)
-        return self.dropout(self._mix(x, x.cumsum(dim=1) / counts))
+        return self._mix(x, x.cumsum(dim=1) / counts)
 
     def allocate_state(self, batch_size: int, max_steps: int, device, dtype) -> AverageState:
         width = self.ffn_out.out_features

@@ -110,6 +110,10 @@ class Mixer(nn.Module):
 
     ``Options`` is the class of the mixer's own hyperparameters; the constructor receives the
     shared config and an instance of it.
+
+    Dropout on the mixer's output belongs to the decoder layer, which applies it once to every mixer's
+    branch alike: a mixer never drops its own output (it may drop inside, as attention drops its
+    weights), or its arm of an ablation would train with about twice the dropout of the others.
     """
 
     Options: ClassVar[type[MixerOptions]] = MixerOptions

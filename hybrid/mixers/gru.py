@@ -34,11 +34,10 @@ class GRUMixer(Mixer):
         self.width = options.width(config.d_model)
         self.gru = nn.GRU(config.d_model, self.width, batch_first=True)
         self.out = options.projection(config.d_model)
-        self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         y, _ = self.gru(x)  # (B, T, H)
-        return self.dropout(self.out(y))
+        return self.out(y)
 
     def allocate_state(self, batch_size: int, max_steps: int, device, dtype) -> GRUState:
         return GRUState(hidden=torch.zeros(batch_size, self.width, device=device, dtype=dtype))
@@ -51,4 +50,4 @@ class GRUMixer(Mixer):
         reset, update = (from_input[:, :2 * width] + from_hidden[:, :2 * width]).sigmoid().chunk(2, dim=1)
         candidate = torch.tanh(from_input[:, 2 * width:] + reset * from_hidden[:, 2 * width:])
         state.hidden.sub_(candidate).mul_(update).add_(candidate)  # h = n + z * (h - n), in place
-        return self.out(state.hidden)  # no dropout: stepping is inference
+        return self.out(state.hidden)

@@ -68,7 +68,6 @@ class LinearAttentionMixer(Mixer):
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model)  # as AttentionMixer's: convert copies them
         self.out = nn.Linear(config.d_model, config.d_model)
         self.rotary = rotation(config)
-        self.dropout = nn.Dropout(config.dropout)
 
     @property
     def feature_size(self) -> int:
@@ -86,7 +85,7 @@ class LinearAttentionMixer(Mixer):
     def forward(self, x: Tensor) -> Tensor:
         q, k, v = project_qkv(self.qkv(x), self.n_heads, self.rotary, 0)  # 3 x (B, nh, T, hd)
         y = causal_linear_attention(self.query_feature_map(q), self.feature_map(k), v, self.chunk_size)
-        return self.dropout(self.out(merge_heads(y)))
+        return self.out(merge_heads(y))
 
     def allocate_state(self, batch_size: int, max_steps: int, device, dtype) -> LinearAttentionState:
         shape = (batch_size, self.n_heads, self.feature_size)

@@ -92,13 +92,12 @@ class LSTMMixer(Mixer):
                 self.lstm.bias_ih_l0[forget] = options.forget_bias
                 self.lstm.bias_hh_l0[forget] = 0.0
         self.out = options.projection(config.d_model)
-        self.dropout = nn.Dropout(config.dropout)
         self._fused_weight: Tensor | None = None
         self._fused_bias: Tensor | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         y, _ = self.lstm(x)  # (B, T, H)
-        return self.dropout(self.out(y))
+        return self.out(y)
 
     def allocate_state(self, batch_size: int, max_steps: int, device, dtype) -> LSTMState:
         # The weights do not change while decoding, so fuse them once per decode, not per step.
@@ -120,4 +119,4 @@ class LSTMMixer(Mixer):
         cell_gate = gates[:, 2 * self.width:3 * self.width].tanh()
         state.cell.mul_(forget_gate).addcmul_(in_gate, cell_gate)
         hidden = torch.mul(out_gate, state.cell.tanh(), out=state.hidden)  # written into the state
-        return self.out(hidden)  # no dropout: stepping is inference
+        return self.out(hidden)

@@ -70,13 +70,12 @@ class SSRUMixer(Mixer):
         self.chunk_size = options.chunk_size
         self.gate = nn.Linear(config.d_model, config.d_model)  # W_f, b_f
         self.value = nn.Linear(config.d_model, config.d_model, bias=False)  # W
-        self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         gate = self.gate(x)  # (B, T, D), before the sigmoid
         # log f and 1 - f from the same logits, without computing log(sigmoid) of a rounded value.
         inputs = torch.sigmoid(-gate) * self.value(x)
-        return self.dropout(F.relu(linear_recurrence(F.logsigmoid(gate), inputs, self.chunk_size)))
+        return F.relu(linear_recurrence(F.logsigmoid(gate), inputs, self.chunk_size))
 
     def allocate_state(self, batch_size: int, max_steps: int, device, dtype) -> SSRUState:
         width = self.value.out_features

@@ -230,3 +230,16 @@ def test_a_state_declares_the_dimension_its_length_sizes_exactly_when_it_grows(n
     assert (type(state).steps_dim is None) == MIXERS[name].constant_state
     if type(state).steps_dim is not None:
         assert all(tensor.shape[type(state).steps_dim] == 5 for tensor in state.tensors())
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_a_mixer_leaves_dropout_on_its_output_to_the_decoder_layer(name):
+    # The layer drops every mixer's branch once; a mixer that also dropped its own output would zero
+    # about 90% of it here (and train its ablation arm with twice the others' dropout).
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=11, d_model=16, n_heads=2, d_ff=32, decoder_layers=1, dropout=0.9)
+    mixer = MIXERS[name](config, config.options_for(name))
+    x = torch.randn(4, 9, 16)
+    zeros_in_training = (mixer.train()(x) == 0).float().mean()
+    zeros_in_eval = (mixer.eval()(x) == 0).float().mean()
+    assert zeros_in_training <= zeros_in_eval + 0.05, f"{name} drops {zeros_in_training:.0%} of its output"
