@@ -3,8 +3,8 @@
 The input (plain lines, TSV or JSONL, gzip or not, or standard input) is cut into **shards**,
 contiguous ranges of ``shard_size`` inputs. Each shard is decoded on its own: sources are sorted
 by length within a read-ahead ``window`` and cut into batches by a token budget
-(:func:`hybrid.generation.bulk.bucketed_batches`), then decoded with continuous refill
-(:class:`hybrid.generation.bulk.RefillDecoder`) when the options allow it, or batch by batch
+(:func:`hybrid.generation.refill.bucketed_batches`), then decoded with continuous refill
+(:class:`hybrid.generation.refill.RefillDecoder`) when the options allow it, or batch by batch
 with ``model.generate`` otherwise (beams, penalties, ...). A finished shard's lines are
 written in input order to a temporary file and renamed into place, and the writer's JSON
 manifest of finished ranges is rewritten the same way, so a killed job loses at most the
@@ -38,8 +38,8 @@ from typing import Any, TextIO
 import torch
 
 from hybrid.files import INPUT_FORMATS, detect_format, open_input, write_atomically
-from hybrid.generation.bulk import RefillDecoder, Source, bucketed_batches, pad_sources
 from hybrid.generation.config import GenerationConfig, with_model_defaults
+from hybrid.generation.refill import RefillDecoder, Source, bucketed_batches, pad_sources
 from hybrid.model import Seq2Seq
 from hybrid.training.tokenizer import Seq2SeqTokenizer
 

@@ -21,7 +21,7 @@ from conftest import MIXER_PATTERNS, TRANSFORMERS_FAMILIES, family_architecture,
 
 from hybrid import Seq2Seq
 from hybrid.fast import OnnxStep, cache_dir_for, graph_key, weights_digest
-from hybrid.generation.bulk import RefillDecoder, Source
+from hybrid.generation.refill import RefillDecoder, Source
 
 ROOT = Path(__file__).resolve().parents[1]
 

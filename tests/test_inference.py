@@ -17,7 +17,7 @@ import torch
 from conftest import decode_alone, tiny_model
 
 from hybrid import inference
-from hybrid.generation.bulk import RefillDecoder
+from hybrid.generation.refill import RefillDecoder
 from hybrid.inference import BulkJob, Rejected, ShardStore, count_sources, read_sources, run_bulk
 from hybrid.training import Seq2SeqTokenizer
 

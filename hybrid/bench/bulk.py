@@ -41,7 +41,7 @@ import torch
 
 from hybrid.bench.contenders import model_config
 from hybrid.files import write_atomically
-from hybrid.generation.bulk import RefillDecoder, Source, bucketed_batches, pad_sources
+from hybrid.generation.refill import RefillDecoder, Source, bucketed_batches, pad_sources
 from hybrid.model import Seq2Seq
 
 MODES = ("plain-loop", "input-order", "bucketed", "refill", "bucketed+refill")

@@ -2,7 +2,7 @@
 
 Every decoding path builds one :class:`DecodingRules` from a :class:`GenerationConfig` and applies
 it the same way: ``generate``'s greedy, sampling and beam search, continuous refill
-(:mod:`hybrid.generation.bulk`) and the CUDA-graph loop (:mod:`hybrid.generation.cuda_graph`).
+(:mod:`hybrid.generation.refill`) and the CUDA-graph loop (:mod:`hybrid.generation.cuda_graph`).
 The rules follow transformers' ``generate()`` wherever the option names are transformers':
 
 - **The options** are the model's own generation defaults (``model.generation_config``, from its

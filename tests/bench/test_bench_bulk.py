@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_module
 
 from hybrid.bench.bulk import MODES, markdown_table, plain_loop, run_bulk_benchmark
 from hybrid.cli.bench import run_bench_bulk
-from hybrid.generation.bulk import RefillDecoder
+from hybrid.generation.refill import RefillDecoder
 from hybrid.training import Seq2SeqTokenizer
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz'-."

@@ -13,8 +13,8 @@ from conftest import padded_batch, tiny_model
 from torch.overrides import TorchFunctionMode
 
 from hybrid.generation import engine
-from hybrid.generation.bulk import RefillDecoder, Source
 from hybrid.generation.config import GenerationConfig
+from hybrid.generation.refill import RefillDecoder, Source
 from hybrid.generation.rules import DecodingRules
 from hybrid.generation.sessions import StaticSession
 

@@ -12,7 +12,7 @@ import torch
 from conftest import padded_batch, tiny_model
 
 from hybrid.generation import GenerationConfig, generate
-from hybrid.generation.bulk import RefillDecoder, Source
+from hybrid.generation.refill import RefillDecoder, Source
 from hybrid.generation.rules import DecodingRules
 
 VOCAB = 24

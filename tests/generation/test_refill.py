@@ -8,7 +8,7 @@ from conftest import TRANSFORMERS_FAMILIES, family_architecture, tiny_model
 
 from hybrid import MIXERS
 from hybrid.generation import EosTokenCriteria, MaxNewTokensCriteria, SuppressTokensLogitsProcessor
-from hybrid.generation.bulk import RefillDecoder, Source, bucketed_batches
+from hybrid.generation.refill import RefillDecoder, Source, bucketed_batches
 
 
 def random_sources(count: int, seed: int = 0) -> list[Source]:
