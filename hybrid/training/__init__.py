@@ -18,8 +18,6 @@ _LIGHTNING_EXPORTS = {
     "G2PDataModule": "hybrid.training.data",
     "TextDataModule": "hybrid.training.data",
     "collate": "hybrid.training.data",
-    "read_parallel_file": "hybrid.training.data",
-    "ParseReport": "hybrid.training.data",
 }
 
 __all__ = ["Seq2SeqTokenizer", "SyntheticTask", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", *_LIGHTNING_EXPORTS]

