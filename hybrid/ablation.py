@@ -203,14 +203,14 @@ def decoding_speed(models: dict[str, Seq2Seq], batch: int, new_tokens: int, sour
     loop: exactly ``new_tokens`` per row (EOS ignored), warm-up excluded, the models of one vocabulary
     interleaved within each repeat, prefill subtracted, the median of ``repeats``."""
     from hybrid.bench.contenders import ours
-    from hybrid.bench.runner import _measure
+    from hybrid.bench.runner import measure_contenders
 
     speeds: dict[str, float] = {}
     for vocab_size in sorted({model.config.vocab_size for model in models.values()}):
         contenders = [ours(name, model) for name, model in models.items() if model.config.vocab_size == vocab_size]
         settings = {"model": {"vocab_size": vocab_size}, "source_length": source_length, "repeats": repeats,
                     "warmup_new_tokens": min(new_tokens, 32)}
-        rows = _measure(contenders, batch, new_tokens, settings, torch.device("cpu"),
+        rows = measure_contenders(contenders, batch, new_tokens, settings, torch.device("cpu"),
                         torch.Generator().manual_seed(seed))
         speeds.update({row["model"]: row["ms_per_token"] for row in rows})
     return speeds

@@ -26,10 +26,9 @@ mode are checked against the first mode's.
 
 from __future__ import annotations
 
-import datetime
+import functools
 import json
 import os
-import platform
 import random
 import statistics
 import time
@@ -40,6 +39,8 @@ from typing import Any
 import torch
 
 from hybrid.bench.contenders import model_config
+from hybrid.bench.metadata import run_metadata
+from hybrid.bench.timing import timed
 from hybrid.files import write_atomically
 from hybrid.generation.refill import RefillDecoder, Source, bucketed_batches, pad_sources
 from hybrid.model import Seq2Seq
@@ -205,28 +206,24 @@ def step_cost_by_rows(name: str, decoder: str, model: Seq2Seq, sources: list[Sou
     keeping batches full can buy on this device."""
     cost, cells = settings["step_cost"], []
     device, config = next(model.parameters()).device, model.config
+
+    def greedy_steps(state, tokens):
+        for _ in range(cost["steps"]):
+            tokens = model.step_unchecked(tokens, state).argmax(dim=-1)
+
     for rows in cost["rows"]:
         src = pad_sources(sources[:rows], config.pad_id, device)
         per_step = []
         for repeat in range(cost["repeats"] + 1):  # the first is a warm-up
             state = model.start(src, src.ne(config.pad_id), max_steps=cost["steps"])
             tokens = torch.full((src.shape[0],), config.bos_id, dtype=torch.long, device=device)
-            _synchronize(device)
-            begin = time.perf_counter()
-            for _ in range(cost["steps"]):
-                tokens = model.step_unchecked(tokens, state).argmax(dim=-1)
-            _synchronize(device)
+            seconds, _ = timed(device, functools.partial(greedy_steps, state, tokens))
             if repeat:
-                per_step.append((time.perf_counter() - begin) * 1e3 / cost["steps"])
+                per_step.append(seconds * 1e3 / cost["steps"])
         cells.append({"dataset": name, "decoder": decoder, "rows": src.shape[0],
                       "ms_per_step": statistics.median(per_step), "ms_per_step_min": min(per_step),
                       "ms_per_step_max": max(per_step)})
     return cells
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def resident_mib() -> float:
@@ -288,7 +285,6 @@ def memory_over_run(model: Seq2Seq, tokenizer, settings: dict[str, Any]) -> dict
 
 def run_bulk_benchmark(settings: dict[str, Any]) -> dict[str, Any]:
     """Run both datasets for both decoders and every mode; returns the results dict."""
-    from hybrid.bench.runner import git_commit
     from hybrid.training.checkpoint import load_for_inference
 
     unknown = sorted(set(settings["modes"]) - set(MODES))
@@ -328,11 +324,7 @@ def run_bulk_benchmark(settings: dict[str, Any]) -> dict[str, Any]:
             step_cost += step_cost_by_rows("synthetic", decoder, model, sources, settings)
         rows += bench_dataset("synthetic", models, sources, synthetic["generation"], settings,
                               synthetic["chunk_size"], synthetic["repeats"])
-    return {"meta": {"device": str(device), "device_name": platform.processor() or platform.machine(),
-                     "threads": torch.get_num_threads(), "torch": torch.__version__, "load_average": load_average,
-                     "git_commit": git_commit(),
-                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                     "models": models_used},
+    return {"meta": {**run_metadata(device), "load_average": load_average, "models": models_used},
             "settings": settings, "rows": rows, "ratios": ratios(rows), "memory": memory,
             "step_cost": step_cost}
 

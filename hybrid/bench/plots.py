@@ -14,6 +14,8 @@ from hybrid.files import write_atomically  # noqa: E402
 
 
 def _series(rows: list[dict], x: str, y: str, where: dict) -> dict[str, tuple[list, list]]:
+    """Each model's (x, y) points among the rows that match ``where``, x ascending; a model with one point
+    draws no line and is left out."""
     lines: dict[str, tuple[list, list]] = {}
     for row in sorted(rows, key=lambda r: r[x]):
         if all(row[k] == v for k, v in where.items()):
@@ -29,8 +31,10 @@ def _most_common(rows: list[dict], key: str, fallback: int) -> int:
 
 
 def figures(results: dict) -> dict[str, plt.Figure]:
-    """ms/token vs new tokens (log axes), throughput vs batch, memory vs new tokens; one line per model."""
-    rows, meta = results["rows"], results["meta"]
+    """ms/token vs new tokens (log axes), throughput vs batch, memory vs new tokens; one line per model
+    through its grid cells. The memory-budget sweep's rows are not on these axes: at batch 1 such a row
+    would stand beside the grid's cell of its length as a second point at the same x."""
+    rows, meta = [row for row in results["rows"] if row["sweep"] == "grid"], results["meta"]
     memory_key = "peak_memory_bytes" if any("peak_memory_bytes" in r for r in rows) else "state_bytes"
     batch = min(row["batch"] for row in rows)
     tokens = _most_common(rows, "new_tokens", 256)

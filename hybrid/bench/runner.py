@@ -13,58 +13,22 @@ its floor only when those bytes exceed the last-level cache, so must come from m
 from __future__ import annotations
 
 import csv
-import datetime
 import io
 import json
-import platform
 import resource
 import statistics
-import subprocess
-import time
 from pathlib import Path
 
 import torch
 
 from hybrid.bench.contenders import Contender, build_contenders, mixer_row
 from hybrid.bench.floor import last_level_cache_bytes
+from hybrid.bench.metadata import run_metadata
+from hybrid.bench.timing import timed
 from hybrid.files import write_atomically
 from hybrid.mixers import MIXERS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(device: torch.device, call) -> tuple[float, object]:
-    """Seconds that ``call()`` takes on ``device``, and what it returned."""
-    _synchronize(device)
-    begin = time.perf_counter()
-    result = call()
-    _synchronize(device)
-    return time.perf_counter() - begin, result
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:  # Linux names the CPU model here; platform.processor() is often empty
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({platform.machine()})"
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def measure_bandwidth(device: torch.device, buffer_mib: int, repeats: int = 5) -> float:
@@ -77,7 +41,7 @@ def measure_bandwidth(device: torch.device, buffer_mib: int, repeats: int = 5) -
     source = torch.ones(buffer_mib * 2**20 // 4, device=device)  # written, so no page is the shared zero page
     target = torch.empty_like(source)
     target.copy_(source)  # untimed: the first touch of the target's pages faults them in
-    seconds = statistics.median(_timed(device, lambda: target.copy_(source))[0] for _ in range(repeats))
+    seconds = statistics.median(timed(device, lambda: target.copy_(source))[0] for _ in range(repeats))
     return 2 * source.nbytes / seconds
 
 
@@ -90,8 +54,8 @@ def measure_cell(contender: Contender, src: torch.Tensor, new_tokens: int, devic
     # sleeps between calls; timing its one-token prefill cold and the whole call warm made the
     # difference (the decoding) come out negative on short cells.
     contender.prefill(src)
-    prefill, _ = _timed(device, lambda: contender.prefill(src))
-    total, tokens = _timed(device, lambda: contender.generate(src, new_tokens))
+    prefill, _ = timed(device, lambda: contender.prefill(src))
+    total, tokens = timed(device, lambda: contender.generate(src, new_tokens))
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     return {"prefill_s": prefill, "total_s": total, "peak_bytes": peak, "decoded_tokens": tokens.shape[-1]}
 
@@ -109,16 +73,14 @@ def run_benchmark(settings: dict) -> dict:
     for batch, new_tokens in settings["cells"]:
         active = [c for c in contenders if (c.max_new_tokens is None or new_tokens <= c.max_new_tokens)
                   and (c.max_batch is None or batch <= c.max_batch) and new_tokens > c.prefill_steps]
-        rows += _measure(active, batch, new_tokens, settings, device, generator, bandwidth=bandwidth)
+        rows += measure_contenders(active, batch, new_tokens, settings, device, generator, bandwidth=bandwidth)
     if settings["memory_budget_gb"]:
         rows += _memory_budget_sweep(contenders, settings, device, generator, bandwidth)
     profiles = _profiles(contenders, settings, device, generator) if settings["profile"] else {}
     return {
         "meta": {
-            "device": str(device), "device_name": _device_name(device), "dtype": settings["dtype"],
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "git_commit": git_commit(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "source_length": settings["source_length"], "seed": settings["seed"], "repeats": settings["repeats"],
+            **run_metadata(device), "dtype": settings["dtype"], "source_length": settings["source_length"],
+            "seed": settings["seed"], "repeats": settings["repeats"],
             "memory_bandwidth_gb_s": bandwidth / 1e9, "last_level_cache_bytes": last_level_cache_bytes(device),
             "model": dict(shape),
         },
@@ -145,11 +107,14 @@ def _profiles(contenders: list[Contender], settings: dict, device: torch.device,
     return out
 
 
-def _measure(contenders: list[Contender], batch: int, new_tokens: int, settings: dict, device: torch.device,
-             generator: torch.Generator, sweep: str = "grid", bandwidth: float | None = None) -> list[dict]:
-    """Warm up, then time every contender on one (batch, new tokens) cell, interleaved. Given the
-    memory ``bandwidth`` (bytes/s), each row also gets its floor; :mod:`hybrid.ablation`, which only
-    wants the times, leaves it out."""
+def measure_contenders(contenders: list[Contender], batch: int, new_tokens: int, settings: dict,
+                       device: torch.device, generator: torch.Generator, sweep: str = "grid",
+                       bandwidth: float | None = None) -> list[dict]:
+    """Warm up, then time every contender on one (batch, new tokens) cell, interleaved (A B A B), and
+    return one row each (:func:`measure_cell`'s repeats summarised: median ms/token, spread, prefill,
+    state, parameters). ``settings`` needs ``model.vocab_size``, ``source_length``, ``repeats`` and
+    ``warmup_new_tokens``. Given the memory ``bandwidth`` (bytes/s), each row also gets its floor;
+    ``hybrid ablate`` (:mod:`hybrid.report.runs`), which only wants the times, leaves it out."""
     shape = settings["model"]
     # Random, seeded, never all zeros (ids 3.. avoid padding/BOS/EOS).
     src = torch.randint(3, shape["vocab_size"], (batch, settings["source_length"]), generator=generator).to(device)
@@ -184,7 +149,7 @@ def _memory_budget_sweep(contenders: list[Contender], settings: dict, device: to
         batch = 1
         while batch < 2**16 and weights + 2 * batch * per_sequence <= budget:
             batch *= 2
-        rows += _measure([contender], batch, new_tokens, settings, device, generator, sweep="memory_budget",
+        rows += measure_contenders([contender], batch, new_tokens, settings, device, generator, sweep="memory_budget",
                          bandwidth=bandwidth)
     return rows
 

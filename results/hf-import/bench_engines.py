@@ -39,6 +39,7 @@ import torch
 import transformers
 from evaluate_transformers import score  # hybrid test's scores, written once beside this script
 
+from hybrid.bench.metadata import device_name
 from hybrid.training.checkpoint import load_for_inference
 from hybrid.training.data import G2PDataModule
 
@@ -405,7 +406,7 @@ def main() -> None:
         "setup_seconds": {engine.name: round(engine.setup_seconds, 2) for engine in engines},
         "warm_up_seconds": warm_up_seconds,
         "versions": versions(),
-        "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
+        "machine": {"processor": device_name(torch.device("cpu")), "cpus": os.cpu_count()},
         "results": rows,
         "profile": {"words": min(args.profile_words, len(words)), "ms_per_word": split,
                     "onnxruntime_ms_per_step_fp32": ops},

@@ -50,8 +50,42 @@ def test_results_file_schema_and_values(tiny_results):
         assert row["ms_per_token_min"] <= row["ms_per_token"] <= row["ms_per_token_max"]
         assert row["state_bytes"] > 0 and row["parameters"] > 0 and row["peak_rss_bytes"] > 0
     assert {check["target"] for check in results["headline"]}
-    for name in ("results.csv", "ms_per_token.png", "throughput.png", "memory.png", "config.yaml"):
+    for name in ("results.csv", "config.yaml"):
         assert (tiny_results / name).stat().st_size > 0, name
+
+
+def test_each_plot_draws_one_line_per_model_through_its_grid_cells(tiny_results):
+    results = json.loads((tiny_results / "results.json").read_text())
+    grid = [row for row in results["rows"] if row["sweep"] == "grid"]  # the memory-budget sweep is not plotted
+    drawn = figures(results)
+
+    def lines_of(name):
+        (axis,) = drawn[name].axes
+        return axis, {line.get_label(): list(zip(line.get_xdata(), line.get_ydata(), strict=True))
+                      for line in axis.get_lines()}
+
+    def expected(x, y, **where):
+        points = {}
+        for row in sorted(grid, key=lambda row: row[x]):
+            if all(row[key] == value for key, value in where.items()):
+                points.setdefault(row["model"], []).append((row[x], row[y]))
+        return {model: line for model, line in points.items() if len(line) > 1}
+
+    axis, lines = lines_of("ms_per_token")
+    assert lines == expected("new_tokens", "ms_per_token", batch=1) and len(lines) >= 4  # tiny: 1x16, 1x48
+    assert [text.get_text() for text in axis.get_legend().get_texts()] == list(lines)
+    assert (axis.get_xlabel(), axis.get_ylabel()) == ("new tokens", "ms per generated token (batch 1)")
+    assert (axis.get_xscale(), axis.get_yscale()) == ("log", "log")
+    axis, lines = lines_of("memory")
+    assert lines == expected("new_tokens", "state_bytes", batch=1)  # the CPU has no peak memory: the state
+    assert lines["attention+kv-cache"][0][1] < lines["attention+kv-cache"][1][1]  # the KV cache grows
+    assert lines["lstm"][0][1] == lines["lstm"][1][1]
+    assert lines_of("throughput")[1] == {}  # every length of the tiny grid has one batch: no line to draw
+    for name, figure in drawn.items():  # what plot_all wrote is these figures, at 120 dpi
+        header = (tiny_results / f"{name}.png").read_bytes()[:24]
+        assert header[:8] == b"\x89PNG\r\n\x1a\n", name
+        width, height = (int.from_bytes(header[at:at + 4], "big") for at in (16, 20))
+        assert (width, height) == tuple(round(120 * inches) for inches in figure.get_size_inches()), name
 
 
 def test_every_registered_mixer_has_its_rows_profile_and_summary_line(tiny_results):
