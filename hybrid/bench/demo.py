@@ -3,11 +3,12 @@ decoders of one shape, timed side by side (the full, careful method is :mod:`hyb
 
 from __future__ import annotations
 
+import functools
 import statistics
-import time
 
 import torch
 
+from hybrid.bench.timing import timed
 from hybrid.config import ModelConfig
 from hybrid.mixers import MIXERS
 from hybrid.model import Seq2Seq
@@ -35,11 +36,11 @@ def demo(*, batch_size: int, source_length: int, max_new_tokens: int, d_model: i
         config = ModelConfig(vocab_size=vocab_size, d_model=d_model, n_heads=n_heads, d_ff=4 * d_model,
                              decoder_mixers=mixers, dropout=0.0)
         model = Seq2Seq(config).eval()
-        model.generate(src, max_new_tokens=max_new_tokens, use_cache=use_cache)  # warm-up
+        decode = functools.partial(model.generate, src, max_new_tokens=max_new_tokens, use_cache=use_cache)
+        decode()  # warm-up
         timings = []
         for _ in range(repeats):
-            begin = time.perf_counter()
-            out = model.generate(src, max_new_tokens=max_new_tokens, use_cache=use_cache)
-            timings.append((time.perf_counter() - begin) / out.shape[1])
+            seconds, out = timed(src.device, decode)
+            timings.append(seconds / out.shape[1])
         print(f"  {label:<30} {1000 * statistics.median(timings):7.3f} ms/token "
               f"({out.shape[1]} steps, {model.num_parameters():,} parameters)")
