@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybrid.mixers import MIXERS, MixerOptions
+from hybrid.validators import check_bool, check_choice, check_float, check_int, check_token_id
 
 POSITIONS = ("rotary", "learned", "sinusoidal")
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
@@ -68,37 +69,23 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "encoder_layers", "decoder_layers",
                      "max_positions"):
-            _require_positive_int(name, getattr(self, name))
+            check_int(name, getattr(self, name), at_least=1)
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.positions not in POSITIONS:
-            raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
-        if isinstance(self.position_offset, bool) or not isinstance(self.position_offset, int) \
-                or self.position_offset < 0:
-            raise ValueError(f"position_offset must be an int >= 0, got {self.position_offset!r}")
-        for name in ("pre_norm", "embedding_norm", "final_norm", "final_logits_bias"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if isinstance(self.embedding_scale, bool) or not isinstance(self.embedding_scale, (int, float)) \
-                or not 0.0 < self.embedding_scale < float("inf"):
-            raise ValueError(f"embedding_scale must be a float > 0, got {self.embedding_scale!r}")
+        check_choice("positions", self.positions, POSITIONS)
+        check_choice("activation", self.activation, ACTIVATIONS)
+        check_int("position_offset", self.position_offset, at_least=0)
+        for name in ("pre_norm", "embedding_norm", "final_norm", "final_logits_bias", "tie_embeddings"):
+            check_bool(name, getattr(self, name))
+        check_float("embedding_scale", self.embedding_scale, above=0)
         if self.positions == "rotary" and (self.d_model // self.n_heads) % 2 != 0:
             raise ValueError(
                 f"d_model / n_heads = {self.d_model // self.n_heads} must be even for rotary positions")
-        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
-            raise ValueError(f"dropout must be a float in [0, 1), got {self.dropout!r}")
+        check_float("dropout", self.dropout, at_least=0, below=1)
         for name in ("pad_id", "bos_id", "eos_id"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.vocab_size:
-                raise ValueError(f"{name} must be an int in [0, vocab_size={self.vocab_size}), got {value!r}")
-        if not (isinstance(self.layer_norm_eps, (int, float)) and not isinstance(self.layer_norm_eps, bool)
-                and 0.0 < self.layer_norm_eps < 1.0):  # NaN fails the comparison too
-            raise ValueError(f"layer_norm_eps must be a float in (0, 1), got {self.layer_norm_eps!r}")
-        if not isinstance(self.tie_embeddings, bool):
-            raise ValueError(f"tie_embeddings must be true or false, got {self.tie_embeddings!r}")
+            check_token_id(name, getattr(self, name), vocab_size=self.vocab_size)
+        check_float("layer_norm_eps", self.layer_norm_eps, above=0, below=1)
         if not isinstance(self.extra, dict):
             raise ValueError(f"extra must be a dict (free-form metadata), got {self.extra!r}")
         if self.pad_id == self.eos_id:  # a padded row would read as ended; bos_id may be either (see above)
@@ -201,9 +188,3 @@ def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
         options.setdefault("lstm", {}).setdefault("hidden_size", width)
     data["mixer_options"] = options
     return data
-
-
-def _require_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from hybrid.validators import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_token_id,
+    check_token_ids,
+    check_token_sequences,
+)
 
 
 def _python_only(default: Any) -> Any:
@@ -79,47 +88,29 @@ class GenerationConfig:
     def validate(self) -> None:
         """Raise ValueError naming the first bad option and what is allowed."""
         for name in ("do_sample", "use_cache", "return_dict_in_generate"):  # "no" would be truthy
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.output_scores is not None and not isinstance(self.output_scores, bool):
-            raise ValueError(f"output_scores must be True, False or None, got {self.output_scores!r}")
+            check_bool(name, getattr(self, name))
+        check_bool("output_scores", self.output_scores, optional=True)
         for name in ("pad_token_id", "decoder_start_token_id", "forced_bos_token_id"):
-            if getattr(self, name) is not None and not _is_id(getattr(self, name)):
-                raise ValueError(f"{name} must be a token id (an int >= 0) or None, got {getattr(self, name)!r}")
+            check_token_id(name, getattr(self, name), optional=True)
         for name in ("eos_token_id", "forced_eos_token_id"):
-            ids = getattr(self, name)
-            if ids is not None and not (_is_id(ids) or (isinstance(ids, Sequence) and not isinstance(ids, str)
-                                                        and len(ids) > 0 and all(_is_id(i) for i in ids))):
-                raise ValueError(f"{name} must be a token id (an int >= 0), a non-empty list of them, or None; "
-                                 f"got {ids!r}")
-        if self.bad_words_ids is not None and not (
-                isinstance(self.bad_words_ids, Sequence) and all(
-                    isinstance(word, Sequence) and len(word) > 0 and all(_is_id(i) for i in word)
-                    for word in self.bad_words_ids)):
-            raise ValueError(f"bad_words_ids must be a list of non-empty lists of token ids, e.g. [[5], [7, 8]]; "
-                             f"got {self.bad_words_ids!r}")
-        _int_at_least("max_new_tokens", self.max_new_tokens, 1)
-        _int_at_least("min_new_tokens", self.min_new_tokens, 0)
+            check_token_ids(name, getattr(self, name), optional=True)
+        check_token_sequences("bad_words_ids", self.bad_words_ids, optional=True)
+        check_int("max_new_tokens", self.max_new_tokens, at_least=1)
+        check_int("min_new_tokens", self.min_new_tokens, at_least=0)
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError(f"min_new_tokens ({self.min_new_tokens}) must not exceed "
                              f"max_new_tokens ({self.max_new_tokens})")
-        _int_at_least("num_beams", self.num_beams, 1)
-        _int_at_least("num_return_sequences", self.num_return_sequences, 1)
-        _int_at_least("no_repeat_ngram_size", self.no_repeat_ngram_size, 0)
-        if self.top_k is not None:
-            _int_at_least("top_k", self.top_k, 0)
-        if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be a float in (0, 1], got {self.top_p!r}")
-        if self.min_p is not None and (not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0):
-            raise ValueError(f"min_p must be a float in [0, 1] or None, got {self.min_p!r}")
-        if not _is_number(self.temperature) or (self.do_sample and self.temperature <= 0.0):
-            raise ValueError(f"temperature must be a float > 0 when do_sample=True, got {self.temperature!r}")
-        if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0.0:
-            raise ValueError(f"repetition_penalty must be a float > 0, got {self.repetition_penalty!r}")
-        if not _is_number(self.length_penalty):
-            raise ValueError(f"length_penalty must be a float, got {self.length_penalty!r}")
-        if self.early_stopping not in (True, False, "never"):
-            raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
+        check_int("num_beams", self.num_beams, at_least=1)
+        check_int("num_return_sequences", self.num_return_sequences, at_least=1)
+        check_int("no_repeat_ngram_size", self.no_repeat_ngram_size, at_least=0)
+        check_int("top_k", self.top_k, at_least=0, optional=True)
+        check_float("top_p", self.top_p, above=0, at_most=1)
+        check_float("min_p", self.min_p, at_least=0, at_most=1, optional=True)
+        # Only sampling divides by the temperature (as in transformers, greedy and beam search ignore it).
+        check_float("temperature", self.temperature, above=0 if self.do_sample else None)
+        check_float("repetition_penalty", self.repetition_penalty, above=0)
+        check_float("length_penalty", self.length_penalty)
+        check_choice("early_stopping", self.early_stopping, (True, False, "never"))
         if self.num_beams > 1 and self.num_return_sequences > self.num_beams:
             raise ValueError(f"num_return_sequences ({self.num_return_sequences}) must be <= num_beams "
                              f"({self.num_beams}) in beam search")
@@ -136,8 +127,7 @@ class GenerationConfig:
             raise ValueError("streamer must have put(token_ids) and end() methods")
         if self.generator is not None and not isinstance(self.generator, torch.Generator):
             raise ValueError(f"generator must be a torch.Generator, got {type(self.generator).__name__}")
-        if self.eos_check_interval is not None:
-            _int_at_least("eos_check_interval", self.eos_check_interval, 1)
+        check_int("eos_check_interval", self.eos_check_interval, at_least=1, optional=True)
         for name in ("logits_processor", "stopping_criteria"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, Sequence) and all(callable(item) for item in value)):
@@ -154,21 +144,21 @@ class GenerationConfig:
         """The end-of-sequence ids: the option's if given, else the model's."""
         if self.eos_token_id is None:
             return [model_config.eos_id]
-        return _ids_in_vocabulary("eos_token_id", self.eos_token_id, model_config.vocab_size)
+        return list(check_token_ids("eos_token_id", self.eos_token_id, vocab_size=model_config.vocab_size))
 
     def decoder_start_id(self, model_config) -> int:
         """The id every sequence starts from: the option's if given, else the model's ``bos_id``."""
         if self.decoder_start_token_id is None:
             return model_config.bos_id
-        return _id_in_vocabulary("decoder_start_token_id", self.decoder_start_token_id, model_config.vocab_size)
+        return check_token_id("decoder_start_token_id", self.decoder_start_token_id, vocab_size=model_config.vocab_size)
 
     def forced_ids(self, model_config) -> tuple[int | None, list[int] | None]:
         """``forced_bos_token_id`` and the list of ``forced_eos_token_id``, each checked against the vocabulary."""
         vocab_size = model_config.vocab_size
-        bos = None if self.forced_bos_token_id is None else _id_in_vocabulary(
-            "forced_bos_token_id", self.forced_bos_token_id, vocab_size)
-        eos = None if self.forced_eos_token_id is None else _ids_in_vocabulary(
-            "forced_eos_token_id", self.forced_eos_token_id, vocab_size)
+        bos = None if self.forced_bos_token_id is None else check_token_id(
+            "forced_bos_token_id", self.forced_bos_token_id, vocab_size=vocab_size)
+        eos = None if self.forced_eos_token_id is None else list(check_token_ids(
+            "forced_eos_token_id", self.forced_eos_token_id, vocab_size=vocab_size))
         return bos, eos
 
 
@@ -188,30 +178,3 @@ def with_model_defaults(model, options: dict[str, Any]) -> dict[str, Any]:
     except ValueError as error:
         raise ValueError(f"the model's generation defaults (generation_config.json) are invalid: {error}") from None
     return {**defaults, **options}
-
-
-def _is_id(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _id_in_vocabulary(name: str, value: int, vocab_size: int) -> int:
-    if not (_is_id(value) and value < vocab_size):
-        raise ValueError(f"{name} must be an id in [0, vocab_size={vocab_size}), got {value!r}")
-    return value
-
-
-def _ids_in_vocabulary(name: str, value: int | Sequence[int], vocab_size: int) -> list[int]:
-    ids = [value] if isinstance(value, int) else list(value)
-    if not ids or not all(_is_id(i) and i < vocab_size for i in ids):
-        raise ValueError(f"{name} must be an id or a non-empty list of ids in [0, vocab_size={vocab_size}), "
-                         f"got {value!r}")
-    return ids
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _int_at_least(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")

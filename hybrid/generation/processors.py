@@ -19,50 +19,31 @@ only the scores (and at most the newest column of `input_ids`), False when it re
 """
 
 import math
-import numbers
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
+from hybrid.validators import check_float, check_int, check_token_id, check_token_ids, check_token_sequences
+
 LogitsProcessor = Callable[[Tensor, Tensor], Tensor]
 
 
+# Transitional: stopping.py and streamers.py still import these old private checks from here. They go
+# once those two import hybrid.validators instead (check_int, check_token_ids, check_float).
 def _check_int(name: str, value: object, minimum: int) -> int:
-    """Return `value` if it is an int >= `minimum`, else raise a ValueError naming the argument."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _check_float(name: str, value: object, allowed: str, is_allowed: Callable[[float], bool]) -> float:
-    """Return `value` as a float if `is_allowed` accepts it, else raise a ValueError naming the argument.
-
-    NaN fails every comparison, so range checks written as comparisons reject it too.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not is_allowed(float(value)):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
-    return float(value)
-
-
-def _is_token_id(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
+    return check_int(name, value, at_least=minimum)
 
 
 def _check_token_ids(name: str, value: object) -> tuple[int, ...]:
-    """Return a token id or a non-empty list of them as a tuple, else raise a ValueError."""
-    token_ids = (value,) if isinstance(value, numbers.Integral) else value
-    if (
-        not isinstance(token_ids, (list, tuple))
-        or len(token_ids) == 0
-        or not all(map(_is_token_id, token_ids))
-    ):
-        raise ValueError(f"{name} must be an int >= 0 or a non-empty list of them, got {value!r}")
-    return tuple(int(token_id) for token_id in token_ids)
+    return check_token_ids(name, value)
 
 
-def _check_filter_value(filter_value: object) -> float:
-    return _check_float("filter_value", filter_value, "a float that is not NaN", lambda v: not math.isnan(v))
+def _check_float(name: str, value: object, allowed: str, is_allowed: Callable[[float], bool]) -> float:
+    number = check_float(name, value, finite=False)
+    if not is_allowed(number):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return number
 
 
 class _TokenMask:
@@ -105,9 +86,7 @@ class TemperatureLogitsWarper:
     supports_continuous_batching = True
 
     def __init__(self, temperature: float) -> None:
-        self.temperature = _check_float(
-            "temperature", temperature, "a finite float > 0", lambda v: 0 < v < math.inf
-        )
+        self.temperature = check_float("temperature", temperature, above=0)
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         return scores / self.temperature
@@ -124,9 +103,9 @@ class TopKLogitsWarper:
     supports_continuous_batching = True
 
     def __init__(self, top_k: int, filter_value: float = -math.inf, min_tokens_to_keep: int = 1) -> None:
-        self.top_k = _check_int("top_k", top_k, 1)
-        self.filter_value = _check_filter_value(filter_value)
-        self.min_tokens_to_keep = _check_int("min_tokens_to_keep", min_tokens_to_keep, 1)
+        self.top_k = check_int("top_k", top_k, at_least=1)
+        self.filter_value = check_float("filter_value", filter_value, finite=False)
+        self.min_tokens_to_keep = check_int("min_tokens_to_keep", min_tokens_to_keep, at_least=1)
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         top_k = min(max(self.top_k, self.min_tokens_to_keep), scores.shape[-1])
@@ -148,9 +127,9 @@ class TopPLogitsWarper:
     supports_continuous_batching = True
 
     def __init__(self, top_p: float, filter_value: float = -math.inf, min_tokens_to_keep: int = 1) -> None:
-        self.top_p = _check_float("top_p", top_p, "a float in (0, 1]", lambda v: 0 < v <= 1)
-        self.filter_value = _check_filter_value(filter_value)
-        self.min_tokens_to_keep = _check_int("min_tokens_to_keep", min_tokens_to_keep, 1)
+        self.top_p = check_float("top_p", top_p, above=0, at_most=1)
+        self.filter_value = check_float("filter_value", filter_value, finite=False)
+        self.min_tokens_to_keep = check_int("min_tokens_to_keep", min_tokens_to_keep, at_least=1)
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         sorted_scores, sorted_indices = torch.sort(scores, dim=-1)  # (B, V), ascending
@@ -176,9 +155,9 @@ class MinPLogitsWarper:
     supports_continuous_batching = True
 
     def __init__(self, min_p: float, filter_value: float = -math.inf, min_tokens_to_keep: int = 1) -> None:
-        self.min_p = _check_float("min_p", min_p, "a float in [0, 1]", lambda v: 0 <= v <= 1)
-        self.filter_value = _check_filter_value(filter_value)
-        self.min_tokens_to_keep = _check_int("min_tokens_to_keep", min_tokens_to_keep, 1)
+        self.min_p = check_float("min_p", min_p, at_least=0, at_most=1)
+        self.filter_value = check_float("filter_value", filter_value, finite=False)
+        self.min_tokens_to_keep = check_int("min_tokens_to_keep", min_tokens_to_keep, at_least=1)
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         probs = scores.softmax(dim=-1, dtype=torch.float32)
@@ -201,7 +180,7 @@ class RepetitionPenaltyLogitsProcessor:
     supports_continuous_batching = False
 
     def __init__(self, penalty: float) -> None:
-        self.penalty = _check_float("penalty", penalty, "a finite float > 0", lambda v: 0 < v < math.inf)
+        self.penalty = check_float("penalty", penalty, above=0)
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         present = scores.gather(1, input_ids)  # (B, t)
@@ -221,7 +200,7 @@ class NoRepeatNGramLogitsProcessor:
     supports_continuous_batching = False
 
     def __init__(self, ngram_size: int) -> None:
-        self.ngram_size = _check_int("ngram_size", ngram_size, 1)
+        self.ngram_size = check_int("ngram_size", ngram_size, at_least=1)
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         length, n = input_ids.shape[1], self.ngram_size
@@ -244,20 +223,8 @@ class NoBadWordsLogitsProcessor:
     """
 
     def __init__(self, bad_words_ids: list[list[int]], eos_token_id: int | list[int] | None = None) -> None:
-        if (
-            not isinstance(bad_words_ids, (list, tuple))
-            or len(bad_words_ids) == 0
-            or not all(
-                isinstance(word, (list, tuple)) and len(word) > 0 and all(map(_is_token_id, word))
-                for word in bad_words_ids
-            )
-        ):
-            raise ValueError(
-                "bad_words_ids must be a non-empty list of non-empty lists of ints >= 0, "
-                f"got {bad_words_ids!r}"
-            )
-        bad_words = [tuple(int(token_id) for token_id in word) for word in bad_words_ids]
-        eos_ids = () if eos_token_id is None else _check_token_ids("eos_token_id", eos_token_id)
+        bad_words = check_token_sequences("bad_words_ids", bad_words_ids)
+        eos_ids = check_token_ids("eos_token_id", eos_token_id, optional=True) or ()
         self._single_tokens = _TokenMask(
             [word[0] for word in bad_words if len(word) == 1 and word[0] not in eos_ids]
         )
@@ -311,9 +278,9 @@ class MinNewTokensLengthLogitsProcessor:
     def __init__(
         self, prompt_length_to_skip: int, min_new_tokens: int, eos_token_id: int | list[int]
     ) -> None:
-        self.prompt_length_to_skip = _check_int("prompt_length_to_skip", prompt_length_to_skip, 0)
-        self.min_new_tokens = _check_int("min_new_tokens", min_new_tokens, 0)
-        self._eos_mask = _TokenMask(_check_token_ids("eos_token_id", eos_token_id))
+        self.prompt_length_to_skip = check_int("prompt_length_to_skip", prompt_length_to_skip, at_least=0)
+        self.min_new_tokens = check_int("min_new_tokens", min_new_tokens, at_least=0)
+        self._eos_mask = _TokenMask(check_token_ids("eos_token_id", eos_token_id))
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         generated = input_ids.shape[1] - self.prompt_length_to_skip
@@ -343,7 +310,7 @@ class ForcedBOSTokenLogitsProcessor:
     supports_continuous_batching = False  # it counts the columns of input_ids
 
     def __init__(self, bos_token_id: int) -> None:
-        self._forced = _TokenMask([_check_int("bos_token_id", bos_token_id, 0)])
+        self._forced = _TokenMask([check_token_id("bos_token_id", bos_token_id)])
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         return force_tokens_where(scores, input_ids.shape[-1] == 1, self._forced)
@@ -359,8 +326,8 @@ class ForcedEOSTokenLogitsProcessor:
     supports_continuous_batching = False  # it counts the columns of input_ids
 
     def __init__(self, max_length: int, eos_token_id: int | list[int]) -> None:
-        self.max_length = _check_int("max_length", max_length, 1)
-        self._forced = _TokenMask(_check_token_ids("eos_token_id", eos_token_id))
+        self.max_length = check_int("max_length", max_length, at_least=1)
+        self._forced = _TokenMask(check_token_ids("eos_token_id", eos_token_id))
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         return force_tokens_where(scores, input_ids.shape[-1] == self.max_length - 1, self._forced)
@@ -387,7 +354,7 @@ class SuppressTokensLogitsProcessor:
     supports_continuous_batching = True
 
     def __init__(self, suppress_tokens: int | list[int]) -> None:
-        self._mask = _TokenMask(_check_token_ids("suppress_tokens", suppress_tokens))
+        self._mask = _TokenMask(check_token_ids("suppress_tokens", suppress_tokens))
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         return scores.masked_fill(self._mask(scores.shape[-1], scores.device), -math.inf)

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hybrid.layers import sinusoids
-from hybrid.mixers.base import Mixer, MixerOptions, MixerState, Position, require_positive_int
+from hybrid.mixers.base import Mixer, MixerOptions, MixerState, Position
+from hybrid.validators import check_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +34,7 @@ class AverageOptions(MixerOptions):
     ffn_size: int | None = None
 
     def __post_init__(self) -> None:
-        require_positive_int("ffn_size", self.ffn_size, optional=True)
+        check_int("ffn_size", self.ffn_size, at_least=1, optional=True)
 
 
 @dataclasses.dataclass

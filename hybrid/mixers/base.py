@@ -68,7 +68,8 @@ class MixerOptions:
 
     ``ModelConfig.mixer_options`` keeps them as plain data, ``{mixer name: {option: value}}``, so a
     new mixer adds options without adding a field to the shared config. A subclass checks its values
-    in ``__post_init__`` and raises ``ValueError`` naming the option.
+    in ``__post_init__`` with :mod:`hybrid.validators`, whose messages start with the option's name, so
+    :meth:`from_dict` can prefix where it sits (``mixer_options.lstm.hidden_size must be ...``).
     """
 
     @classmethod
@@ -94,15 +95,6 @@ class MixerOptions:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def require_positive_int(name: str, value: object, optional: bool = False) -> None:
-    """For options' ``__post_init__``: ``value`` is an int >= 1 (or None, if ``optional``); the error
-    message starts with ``name``, so ``MixerOptions.from_dict`` can prefix where it sits."""
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int{' or None' if optional else ''}, got {value!r}")
 
 
 class Mixer(nn.Module):

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hybrid.mixers.base import Mixer, MixerOptions, MixerState, Position, require_positive_int
+from hybrid.mixers.base import Mixer, MixerOptions, MixerState, Position
+from hybrid.validators import check_bool, check_float, check_int
 
 
 @dataclasses.dataclass
@@ -36,9 +37,8 @@ class RecurrentOptions(MixerOptions):
     output_projection: bool = True
 
     def __post_init__(self) -> None:
-        require_positive_int("hidden_size", self.hidden_size, optional=True)
-        if not isinstance(self.output_projection, bool):
-            raise ValueError(f"output_projection must be true or false, got {self.output_projection!r}")
+        check_int("hidden_size", self.hidden_size, at_least=1, optional=True)
+        check_bool("output_projection", self.output_projection)
 
     @classmethod
     def from_saved(cls, data: object) -> object:
@@ -65,9 +65,7 @@ class LSTMOptions(RecurrentOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        bias = self.forget_bias
-        if bias is not None and (isinstance(bias, bool) or not isinstance(bias, int | float) or bias != bias):
-            raise ValueError(f"forget_bias must be a number or None, got {bias!r}")
+        check_float("forget_bias", self.forget_bias, finite=False, optional=True)
 
 
 class LSTMMixer(Mixer):

@@ -22,9 +22,9 @@ import math
 import torch
 from torch import Tensor
 
-from hybrid.mixers.base import require_positive_int
 from hybrid.mixers.linear import LinearAttentionMixer
 from hybrid.mixers.ssru import ScanOptions
+from hybrid.validators import check_int
 
 # A key's exponent w.x - |x|^2/2 is at most |w|^2/2 whatever the key (at x = w), and |w|^2 is about hd:
 # about 50 at most for 64-wide heads, whose features then stay below e^50 ~ 5e21 and leave float32 a
@@ -46,8 +46,8 @@ class PerformerOptions(ScanOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require_positive_int("feature_size", self.feature_size, optional=True)
-        require_positive_int("redraw_interval", self.redraw_interval, optional=True)
+        check_int("feature_size", self.feature_size, at_least=1, optional=True)
+        check_int("redraw_interval", self.redraw_interval, at_least=1, optional=True)
 
 
 def orthogonal_random_features(features: int, width: int) -> Tensor:

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hybrid.mixers.base import Mixer, MixerOptions, MixerState, Position, require_positive_int
+from hybrid.mixers.base import Mixer, MixerOptions, MixerState, Position
+from hybrid.validators import check_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +29,7 @@ class ScanOptions(MixerOptions):
     chunk_size: int = 32
 
     def __post_init__(self) -> None:
-        require_positive_int("chunk_size", self.chunk_size)
+        check_int("chunk_size", self.chunk_size, at_least=1)
 
 
 def linear_recurrence(log_decay: Tensor, inputs: Tensor, chunk_size: int) -> Tensor:

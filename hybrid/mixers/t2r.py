@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hybrid.mixers.base import require_positive_int
 from hybrid.mixers.linear import LinearAttentionMixer
 from hybrid.mixers.ssru import ScanOptions
+from hybrid.validators import check_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +29,7 @@ class T2ROptions(ScanOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require_positive_int("feature_size", self.feature_size)
+        check_int("feature_size", self.feature_size, at_least=1)
 
 
 class T2RMixer(LinearAttentionMixer):

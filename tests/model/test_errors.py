@@ -57,7 +57,7 @@ def test_integer_mask_is_accepted_like_a_bool_mask(model):
 @pytest.mark.parametrize("entry, name", [("start", "max_steps"), ("generate", "max_new_tokens")])
 def test_lengths_out_of_range(model, entry, name, bad):
     call = model.start if entry == "start" else model.generate
-    message = rf"{name} must be (in \[1, max_positions=1024\]|an int >= 1, got -?\d)"
+    message = rf"{name} must be (in \[1, max_positions=1024\]|a positive int, got -?\d)"
     with pytest.raises(ValueError, match=message):
         call(SRC, **{name: bad})
 
