@@ -1,11 +1,14 @@
 """Property-based tests (hypothesis): random tiny configs, padded batches and generation arguments.
 
-Every case either returns a valid result or raises the documented ``ValueError`` or ``TypeError``,
-with a message: never NaN, never an IndexError or a RuntimeError from inside torch, never a hang
-(each example runs under an alarm). A valid result here means: logits of the right shape with no
-NaN; generated ids inside the vocabulary, no BOS, padding only after an EOS, the requested number
-of rows, no more new tokens than asked for; scores without NaN. The examples are derandomized, so
-CI explores the same ones on every run.
+Each example knows whether its input is valid. A valid input must return a valid result and never
+raise; an invalid one (a bad field or option, a target of the wrong shape, a source row of nothing but
+padding) must raise the documented ``ValueError`` or ``TypeError``, naming what is wrong: never NaN,
+never an IndexError or a RuntimeError from inside torch, never a hang (each example runs under an
+alarm). A valid result here means: logits of the right shape with no NaN; generated ids inside the
+vocabulary, no BOS, padding only after an EOS, the requested number of rows, no more new tokens than
+asked for; scores without NaN. The examples are derandomized, so CI explores the same ones on every
+run, and every value listed as invalid is also tried on its own, so none of them can be listed there
+by mistake.
 """
 
 from __future__ import annotations
@@ -43,35 +46,37 @@ def no_hang(seconds: int = SECONDS_PER_EXAMPLE):
         signal.signal(signal.SIGALRM, previous)
 
 
-def documented_or_valid(call, invalid: str | None = None):
-    """Run ``call``. Given the name of the field made ``invalid``, it must raise a documented error that
-    names it; otherwise it may return, or raise a documented error with a message. Anything else fails."""
-    try:
+def valid_or_refused(call, invalid: list[str]):
+    """Run ``call`` and return its result when ``invalid`` is empty: a valid input that raises anything
+    fails the test. Otherwise ``invalid`` names what is wrong with the input, and ``call`` must raise a
+    documented error whose message names one of those (the one checked first), and return None."""
+    if not invalid:
         with no_hang():
             result = call()
-    except DOCUMENTED as error:
-        assert str(error), f"{type(error).__name__} without a message"
-        assert invalid is None or invalid in str(error), f"the error does not name {invalid}: {error}"
-        event("refused, as it should be" if invalid else f"refused: {str(error)[:60]}")
-        return None
-    assert invalid is None, f"a bad {invalid} was accepted"
-    event("valid")
-    return result
+        event("valid")
+        return result
+    with no_hang(), pytest.raises(DOCUMENTED) as refused:
+        call()
+    message = str(refused.value)
+    assert any(name in message for name in invalid), f"the error names none of {invalid}: {message}"
+    event("refused, as it should be")
+    return None
 
 
 # ----------------------------------------------------------------------------- configs
 
 @st.composite
 def valid_or_one_invalid(draw, valid: dict, invalid: dict, required: frozenset = frozenset()):
-    """A dict of valid values for some of ``valid``'s keys (all of ``required``), and the one key, if any,
-    given a value of ``invalid``'s instead: an example tests at most one bad field, so its error must
-    name that field."""
+    """A dict of valid values for some of ``valid``'s keys (all of ``required``), and the list of the one
+    key, if any, given a value of ``invalid``'s instead: an example tests at most one bad field, so its
+    error must name that field."""
     fields = draw(st.fixed_dictionaries({key: valid[key] for key in valid if key in required},
                                         optional={key: valid[key] for key in valid if key not in required}))
     key = draw(st.one_of(st.none(), st.sampled_from(sorted(invalid))))
-    if key is not None:
-        fields[key] = draw(st.sampled_from(invalid[key]))
-    return fields, key
+    if key is None:
+        return fields, []
+    fields[key] = draw(st.sampled_from(invalid[key]))
+    return fields, [key]
 
 
 def mixer_options(options: type) -> st.SearchStrategy:
@@ -101,9 +106,10 @@ VALID_CONFIG = {
     "layer_norm_eps": st.floats(1e-8, 1e-2),
     "tie_embeddings": st.booleans(),
 }
-# d_model 9 is bad for every drawn n_heads: odd head width at 1 head, not divisible at 2.
+# d_model 9 is bad for every drawn n_heads: odd head width at 1 head, not divisible at 2. A vocabulary of 2
+# cannot hold the default eos_id, 2. pad_id 2 is the default eos_id.
 INVALID_CONFIG = {
-    "vocab_size": [0, -1, True, 2.5, "8", 2], "d_model": [0, 7.0, None, 9], "n_heads": [3, 0, False],
+    "vocab_size": [0, -1, True, 2.5, "8", 2], "d_model": [0, 7.0, None, 9], "n_heads": [0, False, 2.0],
     "d_ff": [0, "64"], "encoder_layers": [0, -2], "decoder_layers": [0, 1.0],
     "decoder_mixers": [None, 5, [["lstm"]], "no-such-mixer", [], ["lstm", 3], ["lstm"] * 3],
     "mixer_options": [{"lstm": {"hidden_size": 0}}, {"lstm": {"hidden_size": 4.0}}, {"lstm": {"width": 3}},
@@ -112,7 +118,7 @@ INVALID_CONFIG = {
                       {"no-such-mixer": {}}, {"lstm": 5}, []],
     "dropout": [-0.1, 1.0, math.nan, "x"], "max_positions": [0, 2.0],
     "layer_norm_eps": [-1.0, 0.0, math.nan, math.inf, "x"], "tie_embeddings": ["no", 1],
-    "pad_id": [-1, 100, 1], "bos_id": [-1, 1.0], "eos_id": [0, 99], "extra": [[]],
+    "pad_id": [-1, 100, 2], "bos_id": [-1, 1.0], "eos_id": [0, 99], "extra": [[]],
 }
 # These four always drawn, so a default never builds a large model; the rest may take their defaults.
 configs = valid_or_one_invalid(VALID_CONFIG, INVALID_CONFIG, frozenset({"vocab_size", "d_model", "n_heads",
@@ -133,11 +139,22 @@ def test_any_config_builds_a_model_whose_logits_are_finite_or_is_refused(drawn, 
         with torch.no_grad():
             return config, model(src, tgt)
 
-    result = documented_or_valid(build_and_run, invalid)
+    result = valid_or_refused(build_and_run, invalid)
     if result is not None:
         config, logits = result
         assert logits.shape == (batch, target_length, config.vocab_size)
         assert not logits.isnan().any()
+
+
+# The smallest model the drawn fields build: a bad value listed above must be refused in it too.
+SMALL_CONFIG = {"vocab_size": 12, "d_model": 8, "n_heads": 2, "d_ff": 16, "encoder_layers": 1, "decoder_layers": 2}
+
+
+@pytest.mark.parametrize("field, value", [(field, value) for field, values in INVALID_CONFIG.items()
+                                          for value in values])
+def test_every_value_listed_as_invalid_is_refused_naming_its_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        ModelConfig(**{**SMALL_CONFIG, field: value})
 
 
 # ----------------------------------------------------------------------------- batches and generation
@@ -173,6 +190,11 @@ def padded_batches(draw):
     return ids, mask
 
 
+def batch_defects(mask: torch.Tensor) -> list[str]:
+    """What a refusal of this source batch names: its rows of nothing but padding, if any."""
+    return ["are all padding"] if bool((~mask).all(dim=1).any()) else []
+
+
 VALID_GENERATION = {
     "max_new_tokens": st.integers(1, 12),
     "min_new_tokens": st.integers(0, 6),  # kept to at most max_new_tokens, below
@@ -198,30 +220,39 @@ INVALID_GENERATION = {
     "num_beams": [0, 1.5], "num_return_sequences": [0, -1], "do_sample": ["yes", 1],
     "temperature": [0.0, -1.0, math.nan, math.inf], "top_k": [-1, 2.5], "top_p": [0.0, 1.5, math.nan],
     "min_p": [-0.5, 2.0], "repetition_penalty": [0.0, -1.0, math.nan], "no_repeat_ngram_size": [-1],
-    "length_penalty": [1e9, -1e9, math.nan], "early_stopping": ["sometimes"],
+    "length_penalty": [math.nan, math.inf, "1"], "early_stopping": ["sometimes"],
     "eos_token_id": [VOCAB, -1, True, 2.0, []], "pad_token_id": [VOCAB, -1],
-    "bad_words_ids": [[[]], [3], "x", [[VOCAB]]], "use_cache": ["no"], "return_dict_in_generate": ["no"],
+    "bad_words_ids": [[], [[]], [3], "x"], "use_cache": ["no"], "return_dict_in_generate": ["no"],
 }
 generation_options = valid_or_one_invalid(VALID_GENERATION, INVALID_GENERATION)
+
+
+def coherent(options: dict, invalid: list[str]) -> dict:
+    """``options`` made coherent where they are valid, so that most examples decode and a bad option is refused
+    for itself: a length the model holds, a minimum within it, no beam sampling (refused by name), and
+    sampling where the temperature is bad (only sampling reads it, as in transformers)."""
+    options.setdefault("max_new_tokens", 8)
+    if isinstance(options.get("min_new_tokens"), int) and isinstance(options["max_new_tokens"], int):
+        options["min_new_tokens"] = min(options["min_new_tokens"], max(options["max_new_tokens"], 0))
+    if invalid == ["temperature"]:
+        options.update(do_sample=True, num_beams=1)
+    elif options.get("num_beams", 1) != 1 and invalid != ["do_sample"]:
+        options["do_sample"] = False
+    return options
 
 
 @PROPERTY_SETTINGS
 @given(pattern=st.lists(st.sampled_from(MIXER_NAMES), min_size=1, max_size=2).map(tuple), batch=padded_batches(),
        options=generation_options, seed=st.integers(0, 2**16))
-def test_generate_returns_well_formed_rows_or_raises_a_documented_error(pattern, batch, options, seed):
+def test_generate_returns_well_formed_rows_or_refuses_what_is_invalid(pattern, batch, options, seed):
     options, invalid = options
-    # Keep the valid options coherent, so most examples decode: a length the model holds, a minimum
-    # within it, and no beam sampling (which is refused by name).
-    options.setdefault("max_new_tokens", 8)
-    if isinstance(options.get("min_new_tokens"), int) and isinstance(options["max_new_tokens"], int):
-        options["min_new_tokens"] = min(options["min_new_tokens"], max(options["max_new_tokens"], 0))
-    if options.get("num_beams", 1) != 1 and invalid != "do_sample":
-        options["do_sample"] = False
+    options = coherent(options, invalid)
     model = _model(pattern)
     src_ids, src_mask = batch
     if options.get("do_sample") is True:
         options["generator"] = torch.Generator().manual_seed(seed)
-    out = documented_or_valid(lambda: model.generate(src_ids, src_mask, **options), invalid)
+    # A bad option is refused by name, unless the source is checked first and refused for its padding.
+    out = valid_or_refused(lambda: model.generate(src_ids, src_mask, **options), invalid + batch_defects(src_mask))
     if out is None:
         return
     sequences = out.sequences if options.get("return_dict_in_generate") else out
@@ -247,19 +278,32 @@ def test_generate_returns_well_formed_rows_or_raises_a_documented_error(pattern,
             assert not any(tensor.isnan().any() for tensor in tensors), f"NaN in {name}"
 
 
+@pytest.mark.parametrize("option, value", [(option, value) for option, values in INVALID_GENERATION.items()
+                                           for value in values])
+def test_every_option_listed_as_invalid_is_refused_naming_it(option, value):
+    options = coherent({option: value}, [option])
+    with pytest.raises(ValueError, match=option):
+        _model(("lstm",)).generate(torch.tensor([[3, 4, 5]]), **options)
+
+
 @PROPERTY_SETTINGS
 @given(pattern=st.lists(st.sampled_from(MIXER_NAMES), min_size=1, max_size=2).map(tuple), batch=padded_batches(),
        target_length=st.one_of(st.just(1), st.just(MAX_POSITIONS), st.integers(1, MAX_POSITIONS + 2)),
        target_rows=st.one_of(st.none(), st.integers(1, 4)))
-def test_forward_on_any_padded_batch_is_finite_or_refused(pattern, batch, target_length, target_rows):
+def test_forward_on_any_padded_batch_is_finite_or_refuses_what_is_invalid(pattern, batch, target_length,
+                                                                          target_rows):
     model = _model(pattern)
     src_ids, src_mask = batch
     target_rows = src_ids.shape[0] if target_rows is None else target_rows  # mostly one per source
     tgt = torch.randint(0, VOCAB, (target_rows, target_length), generator=torch.Generator().manual_seed(0))
+    invalid = batch_defects(src_mask)
+    if target_rows != src_ids.shape[0]:
+        invalid.append(f"tgt_ids has {target_rows} rows but src_ids has {src_ids.shape[0]}")
+    if target_length > MAX_POSITIONS:
+        invalid.append(f"target length must be in [1, max_positions={MAX_POSITIONS}], got {target_length}")
     with torch.no_grad():
-        logits = documented_or_valid(lambda: model(src_ids, tgt, src_mask))
+        logits = valid_or_refused(lambda: model(src_ids, tgt, src_mask), invalid)
     if logits is not None:
-        assert target_rows == src_ids.shape[0] and target_length <= MAX_POSITIONS
         assert logits.shape == (target_rows, target_length, VOCAB) and not logits.isnan().any()
 
 
