@@ -1,7 +1,7 @@
 """``hybrid distill-data``: the training file of sequence-level knowledge distillation (Kim and Rush, 2016).
 
 The teacher decodes every distinct source of a data module's training split through ``hybrid generate``'s
-bulk job (:mod:`hybrid.inference`: bucketed, refilled, resumable), with its own generation defaults unless
+bulk job (:mod:`hybrid.bulk`: bucketed, refilled, resumable), with its own generation defaults unless
 the command line sets an option, and each source is written with the teacher's output beside it: the file a
 student then fits on (``data.train_path``) in place of the references, as fairseq's and Marian's users
 distil (decode the training set with the teacher, train the student on that).
@@ -19,9 +19,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from hybrid.cli.generate import bulk_job, decoder_fingerprint, load_decoder
+from hybrid.cli.generate import decoder_fingerprint, load_bulk_job
 from hybrid.files import write_atomically
-from hybrid.generation.config import with_model_defaults
 
 logger = logging.getLogger(__name__)
 
@@ -33,14 +32,13 @@ def run_distill_data(cfg: DictConfig) -> Path:
     teacher's ``max_positions`` cannot be decoded and is left out, counted. The bulk job works in
     ``<output>.parts``, so a killed run resumes from its finished shards; the folder goes once the file
     is written. Returns the output's path."""
-    from hybrid.inference import run_bulk
+    from hybrid.bulk import run_bulk
 
     output = Path(cfg.output)
-    teacher, tokenizer = load_decoder(cfg)
     # "empty": a source the teacher cannot read keeps its line, so line i still answers source i, and
     # the rejects file names it; it is left out of the training file below.
-    job = bulk_job(cfg, on_error="empty")
-    if with_model_defaults(teacher, job.generation).get("num_return_sequences", 1) != 1:
+    teacher, tokenizer, job = load_bulk_job(cfg, on_error="empty")
+    if job.generation.num_return_sequences != 1:
         raise ValueError("sequence-level distillation trains on one teacher output per source: leave "
                          "num_return_sequences at 1 (num_beams=N searches N beams and keeps the best)")
     datamodule = instantiate(cfg.data, _convert_="all")

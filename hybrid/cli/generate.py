@@ -1,4 +1,4 @@
-"""``hybrid generate``: decode every line of a file or of standard input as a bulk job (:mod:`hybrid.inference`).
+"""``hybrid generate``: decode every line of a file or of standard input as a bulk job (:mod:`hybrid.bulk`).
 
 Generation options may be given bare (``num_beams=4``) as well as under their node
 (``generation.num_beams=4``): :func:`qualify_generation_option` adds the node before Hydra reads them.
@@ -17,7 +17,7 @@ from hybrid.generation.config import GenerationConfig
 from hybrid.training.checkpoint import load_for_inference
 
 if TYPE_CHECKING:
-    from hybrid.inference import BulkJob
+    from hybrid.bulk import BulkJob
     from hybrid.model import Seq2Seq
     from hybrid.training.checkpoint import AnyTokenizer
 
@@ -26,46 +26,44 @@ GENERATION_OPTIONS = GenerationConfig.command_line_options()  # each field says 
 
 def run_generate(cfg: DictConfig) -> bool:
     """Decode every source of ``cfg.input`` (a file, or standard input) into ``cfg.output`` (a file, or
-    standard output), one line per source in input order, as a bulk job (:mod:`hybrid.inference`):
+    standard output), one line per source in input order, as a bulk job (:mod:`hybrid.bulk`):
     bucketed, batched by a token budget, refilled, resumable, split by ``shard=i/n`` or over DDP ranks
     (``strategy=ddp devices=N``). Returns whether the output is complete."""
-    from hybrid.inference import run_bulk, run_bulk_ddp
+    from hybrid.bulk import run_bulk, run_bulk_ddp
 
-    model, tokenizer = load_decoder(cfg)
-    job = bulk_job(cfg, cfg.on_error)
+    if cfg.strategy is not None and not cfg.resume:
+        raise ValueError("resume=false would let every rank empty the work folder: delete it before the run")
+    model, tokenizer, job = load_bulk_job(cfg, cfg.on_error)
     options = dict(input_format=cfg.input_format, shard=cfg.shard, work_dir=cfg.work_dir,
                    keep_shards=cfg.keep_shards, progress=cfg.progress, fingerprint=decoder_fingerprint(cfg))
     if cfg.strategy is None:
         return run_bulk(model, tokenizer, cfg.input, cfg.output, job, resume=cfg.resume, **options)
-    if not cfg.resume:
-        raise ValueError("resume=false would let every rank empty the work folder: delete it before the run")
     trainer = dict(strategy=cfg.strategy, devices=cfg.devices, num_nodes=cfg.num_nodes,
                    accelerator="cpu" if next(model.parameters()).device.type == "cpu" else "gpu")
     return run_bulk_ddp(model, tokenizer, cfg.input, cfg.output, job, trainer, **options)
 
 
-def load_decoder(cfg: DictConfig) -> tuple[Seq2Seq, AnyTokenizer]:
-    """The model and tokenizer of ``cfg.ckpt_path`` on ``cfg.device`` (``auto``: cuda when available), through
-    the fast path when ``cfg.optimize`` (int8 weights with ``cfg.quantize``): what every bulk job decodes with."""
+def load_bulk_job(cfg: DictConfig, on_error: str) -> tuple[Seq2Seq, AnyTokenizer, BulkJob]:
+    """The model and tokenizer of ``cfg.ckpt_path`` on ``cfg.device`` (``auto``: cuda when available), and the
+    bulk job of a verb's config: its ``generation`` node laid over the model's own generation defaults, and
+    its batching keys (``max_tokens``, ``batch_size``, ``window``, ``refill``, ``shard_size``, ``seed``), with
+    ``on_error`` for undecodable lines. The job is validated as soon as the model's defaults are known, so a
+    bad option fails before the fast path (``cfg.optimize``, int8 weights with ``cfg.quantize``) is built and
+    cached, and before any input is read."""
+    from hybrid.bulk import BulkJob
+
+    if cfg.quantize and not cfg.optimize:
+        raise ValueError("quantize needs optimize=true: quantized weights are part of the fast path")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     model, tokenizer = load_for_inference(cfg.ckpt_path, device)
+    job = BulkJob.for_model(model, generation_options(cfg.generation), max_tokens=cfg.max_tokens,
+                            max_batch_size=cfg.batch_size, window=cfg.window, refill=cfg.refill,
+                            shard_size=cfg.shard_size, seed=cfg.seed, on_error=on_error)
     if cfg.optimize:
         from hybrid.fast import cache_dir_for
 
         model.optimize_for_inference(cfg.quantize, cache_dir=cache_dir_for(cfg.ckpt_path))
-    elif cfg.quantize:
-        raise ValueError("quantize needs optimize=true: quantized weights are part of the fast path")
-    return model, tokenizer
-
-
-def bulk_job(cfg: DictConfig, on_error: str) -> BulkJob:
-    """The bulk job of a verb's config: its ``generation`` node and its batching keys (``max_tokens``,
-    ``batch_size``, ``window``, ``refill``, ``shard_size``, ``seed``), with ``on_error`` for undecodable lines."""
-    from hybrid.inference import BulkJob
-
-    return BulkJob(generation=generation_options(cfg.generation), max_tokens=cfg.max_tokens,
-                   max_batch_size=cfg.batch_size, window=cfg.window, refill=cfg.refill, shard_size=cfg.shard_size,
-                   seed=cfg.seed, on_error=on_error)
+    return model, tokenizer, job
 
 
 def decoder_fingerprint(cfg: DictConfig) -> dict:

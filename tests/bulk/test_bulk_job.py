@@ -1,11 +1,11 @@
-"""Bulk inference: input formats, input order, refill equal to decoding alone, resumption after SIGKILL,
-``shard=i/n`` splits and the DDP path, against an exported tiny model."""
+"""The bulk job, against an exported tiny model: input order, refill equal to decoding alone, one output line per
+input line, a validated GenerationConfig, resumption after SIGKILL, ``shard=i/n`` splits and the DDP path."""
 
 import copy
-import gzip
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import decode_alone, tiny_model
+from conftest import compose_config, decode_alone, tiny_model
 
-from hybrid import inference
+from hybrid.bulk import BulkJob, ShardStore, count_sources, decode_shard, read_sources, run_bulk
+from hybrid.cli.generate import run_generate
+from hybrid.generation.config import GenerationConfig
 from hybrid.generation.refill import RefillDecoder
-from hybrid.inference import BulkJob, Rejected, ShardStore, count_sources, read_sources, run_bulk
-from hybrid.training import Seq2SeqTokenizer
+from hybrid.tokenizer import Seq2SeqTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 ALPHABET = "abcdefghij"
@@ -59,45 +60,17 @@ def hybrid(*args: str, cwd: Path, stdin: str | None = None, timeout: float = 120
     return result
 
 
-@pytest.mark.parametrize("name", ["plain.txt", "pairs.tsv", "pairs.jsonl", "pairs.tsv.gz", "pairs.jsonl.gz",
-                                  "unnamed"])
-def test_every_input_format_yields_the_sources(tmp_path, name):
-    sources = ["abc", "", "ji", "a b"]
-    if "jsonl" in name:
-        text = "".join(json.dumps({"source": s, "target": "x"}) + "\n" if s else "\n" for s in sources)
-    elif "tsv" in name or name == "unnamed":
-        text = "".join(f"{s}\tx\n" for s in sources)
-    else:
-        text = "".join(f"{s}\n" for s in sources)
-    path = tmp_path / name
-    path.write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
-    assert list(read_sources(path)) == sources  # "unnamed" is sniffed as TSV from its first line
-
-
 def test_records_end_at_newlines_only_so_output_line_i_answers_input_line_i(loaded, tmp_path):
     # A bare carriage return inside a line, a CRLF line and a blank line: three inputs, three outputs.
     (tmp_path / "in.txt").write_bytes(b"ab\rcd\nxy\r\n\n")
     assert list(read_sources(tmp_path / "in.txt")) == ["ab\rcd", "xy", ""]
     assert count_sources(tmp_path / "in.txt") == 3
     model, tokenizer = loaded
-    job = BulkJob(generation=GREEDY, max_tokens=36, window=15, shard_size=2)
+    job = BulkJob.for_model(model, GREEDY, max_tokens=36, window=15, shard_size=2)
     assert run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), job, progress=False)
     assert (tmp_path / "out.txt").read_bytes().count(b"\n") == 3
     assert tokenizer.encode_source("") == [tokenizer.eos_id]  # the blank line encodes to its eos alone...
     assert (tmp_path / "out.txt").read_text().split("\n")[2] == ""  # ...and is answered by an empty line
-
-
-def test_a_line_without_a_source_is_rejected_with_its_number_and_why(tmp_path):
-    lines = ['{"source": "ab"}', '{"text": "ab"}', '{"source": null}', '{"source": ["a", "b"]}', "[1]", "{oops"]
-    (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
-    sources = list(read_sources(tmp_path / "bad.jsonl"))
-    assert sources[0] == "ab"
-    assert [source.line for source in sources[1:]] == [2, 3, 4, 5, 6]
-    assert all('expected a JSON object with a string "source"' in source.reason for source in sources[1:])
-    assert "null" in sources[2].reason and "not JSON" in sources[5].reason  # never the text "None"
-    (tmp_path / "bad.txt").write_bytes(b"ab\n\xff\xfe\ncd\n")
-    assert list(read_sources(tmp_path / "bad.txt")) == ["ab", Rejected(2, "the line is not valid UTF-8"), "cd"]
-    assert count_sources(tmp_path / "bad.txt") == 3
 
 
 BAD_INPUT = b"abc\n\xff\xfe\n" + b"ab" * 600 + b"\nde\n"  # invalid UTF-8, then a source past max_positions
@@ -108,7 +81,7 @@ def test_one_bad_line_never_kills_a_job(loaded, tmp_path, on_error):
     model, tokenizer = loaded
     assert model.config.max_positions < 1200
     (tmp_path / "in.txt").write_bytes(BAD_INPUT)
-    job = BulkJob(generation=GREEDY, shard_size=2, on_error=on_error)
+    job = BulkJob.for_model(model, GREEDY, shard_size=2, on_error=on_error)
     assert run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), job, progress=False)
     out = (tmp_path / "out.txt").read_text().split("\n")[:-1]
     good = [decode_alone(model, tokenizer, text, **GREEDY) for text in ("abc", "de")]
@@ -123,9 +96,39 @@ def test_on_error_fail_stops_naming_the_line(loaded, tmp_path):
     (tmp_path / "in.txt").write_bytes(BAD_INPUT)
     with pytest.raises(ValueError, match=r"in.txt:2: the line is not valid UTF-8 \(on_error=fail"):
         run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "out.txt"),
-                 BulkJob(generation=GREEDY, on_error="fail"), progress=False)
+                 BulkJob.for_model(model, GREEDY, on_error="fail"), progress=False)
     with pytest.raises(ValueError, match="on_error must be one of"):
         BulkJob(on_error="ignore")
+
+
+def test_a_job_carries_one_validated_generation_config_over_the_models_defaults(loaded):
+    model, _ = loaded
+    assert BulkJob.for_model(model, GREEDY).generation == GenerationConfig(max_new_tokens=12)
+    with_defaults = copy.deepcopy(model)
+    with_defaults.generation_config = {"max_new_tokens": 3, "forced_bos_token_id": 5}
+    assert BulkJob.for_model(with_defaults, {"min_new_tokens": 1, "forced_bos_token_id": 6}).generation == (
+        GenerationConfig(min_new_tokens=1, max_new_tokens=3, forced_bos_token_id=6))  # an option given wins
+    with pytest.raises(ValueError, match="min_new_tokens \\(4\\) must not exceed max_new_tokens \\(3\\)"):
+        BulkJob.for_model(with_defaults, {"min_new_tokens": 4})  # valid alone, not over these defaults
+    with pytest.raises(ValueError, match="num_beams must be a positive int"):
+        BulkJob(generation=GenerationConfig(num_beams=0))  # a config built by hand is checked too
+    with pytest.raises(TypeError, match="generation must be a GenerationConfig, got dict"):
+        BulkJob(generation=GREEDY)
+    with pytest.raises(ValueError, match=r"cannot take \['logits_processor'\]"):
+        BulkJob(generation=GenerationConfig(logits_processor=[lambda ids, scores: scores]))
+
+
+def test_a_bad_option_fails_before_anything_is_decoded_or_written(exported, tmp_path):
+
+    model = shutil.copytree(exported, tmp_path / "model", ignore=shutil.ignore_patterns("fast"))
+    (tmp_path / "in.txt").write_text("abc\n")
+    cfg = compose_config([f"ckpt_path={model}", f"input={tmp_path / 'in.txt'}", f"output={tmp_path / 'out.txt'}",
+                          "generation.num_beams=2", "generation.num_return_sequences=3", "optimize=true"],
+                         tmp_path, config_name="generate")
+    with pytest.raises(ValueError, match=r"num_return_sequences \(3\) must be <= num_beams \(2\)"):
+        run_generate(cfg)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["in.txt", "model"]  # no output, no work folder
+    assert not (model / "fast").exists()  # nor the fast path's cache
 
 
 @pytest.mark.parametrize("refill, options, count", [(True, GREEDY, 40), (False, GREEDY, 40),
@@ -135,7 +138,7 @@ def test_output_is_in_input_order_and_as_if_each_source_were_alone(loaded, tmp_p
     model, tokenizer = loaded
     sources = words(count, seed=2)
     (tmp_path / "in.txt").write_text("\n".join(sources) + "\n")
-    job = BulkJob(generation=options, max_tokens=36, window=15, refill=refill, shard_size=25)
+    job = BulkJob.for_model(model, options, max_tokens=36, window=15, refill=refill, shard_size=25)
     assert run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), job, progress=False)
     expected = [decode_alone(model, tokenizer, text, **options) for text in sources]
     assert (tmp_path / "out.txt").read_text().split("\n")[:-1] == expected
@@ -177,7 +180,7 @@ def test_the_command_line_runs_the_fast_path_and_gets_the_eager_answer(exported,
 def test_a_rerun_skips_finished_shards_and_writes_the_same_bytes(loaded, tmp_path, monkeypatch):
     model, tokenizer = loaded
     (tmp_path / "in.txt").write_text("\n".join(words(200, seed=3)) + "\n")
-    job = BulkJob(generation=SAMPLED, shard_size=30, seed=7)
+    job = BulkJob.for_model(model, SAMPLED, shard_size=30, seed=7)
     run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "whole.txt"), job, progress=False)
 
     saved, save = [], ShardStore.save
@@ -192,13 +195,13 @@ def test_a_rerun_skips_finished_shards_and_writes_the_same_bytes(loaded, tmp_pat
     with pytest.raises(KeyboardInterrupt):
         run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), job, progress=False)
     monkeypatch.setattr(ShardStore, "save", save)
-    decoded, decode = [], inference.decode_shard
+    decoded = []
 
     def counting(*args, **kwargs):
         decoded.append(1)
-        return decode(*args, **kwargs)
+        return decode_shard(*args, **kwargs)
 
-    monkeypatch.setattr(inference, "decode_shard", counting)
+    monkeypatch.setattr("hybrid.bulk.job.decode_shard", counting)
     assert run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), job, progress=False)
     assert len(decoded) == 7 - 2  # 200 inputs in shards of 30: 7 shards, 2 were done
     assert (tmp_path / "out.txt").read_bytes() == (tmp_path / "whole.txt").read_bytes()
@@ -207,10 +210,10 @@ def test_a_rerun_skips_finished_shards_and_writes_the_same_bytes(loaded, tmp_pat
 def test_a_rerun_with_other_settings_is_refused(loaded, tmp_path):
     model, tokenizer = loaded
     (tmp_path / "in.txt").write_text("abc\nde\n")
-    job = BulkJob(generation=GREEDY, shard_size=1)
+    job = BulkJob.for_model(model, GREEDY, shard_size=1)
     run_bulk(model, tokenizer, str(tmp_path / "in.txt"), "-", job, work_dir=str(tmp_path / "work"),
              keep_shards=True, progress=False)
-    other = BulkJob(generation={"max_new_tokens": 5}, shard_size=1)
+    other = BulkJob.for_model(model, {"max_new_tokens": 5}, shard_size=1)
     with pytest.raises(ValueError, match=r"other settings \(generation differ\)"):
         run_bulk(model, tokenizer, str(tmp_path / "in.txt"), "-", other, work_dir=str(tmp_path / "work"))
 
@@ -218,7 +221,7 @@ def test_a_rerun_with_other_settings_is_refused(loaded, tmp_path):
 def test_a_rerun_after_the_input_or_the_model_changed_is_refused(loaded, tmp_path):
     model, tokenizer = loaded
     (tmp_path / "in.txt").write_text("abc\nde\n")
-    job, work = BulkJob(generation=GREEDY, shard_size=1), str(tmp_path / "work")
+    job, work = BulkJob.for_model(model, GREEDY, shard_size=1), str(tmp_path / "work")
     run_bulk(model, tokenizer, str(tmp_path / "in.txt"), "-", job, work_dir=work, keep_shards=True, progress=False)
     (tmp_path / "in.txt").write_text("abd\nde\n")  # same path, same size, one byte edited
     with pytest.raises(ValueError, match=r"\(input_blake2b differ\).*resume=false"):
@@ -231,30 +234,10 @@ def test_a_rerun_after_the_input_or_the_model_changed_is_refused(loaded, tmp_pat
         run_bulk(replaced, tokenizer, str(tmp_path / "in.txt"), "-", job, work_dir=work, progress=False)
 
 
-def test_two_jobs_never_write_the_same_shards(tmp_path):
-    first = ShardStore(tmp_path, {"job": 1}, "0-of-1")
-    with pytest.raises(RuntimeError, match=rf"worker 0-of-1 of {tmp_path} is in use by process {os.getpid()}"):
-        ShardStore(tmp_path, {"job": 1}, "0-of-1")
-    ShardStore(tmp_path, {"job": 1}, "1-of-2")  # another worker of a split job shares the folder
-    del first  # its lock goes with it (and with its process, however that ends)
-    ShardStore(tmp_path, {"job": 1}, "0-of-1")
-
-
-def test_starting_over_never_deletes_the_shards_of_a_job_still_running(tmp_path):
-    running = ShardStore(tmp_path, {"job": 1}, "1of2")
-    (tmp_path / "shard-000000000000-000000000001.txt").write_text("kept\n")
-    with pytest.raises(RuntimeError, match=r"worker 1of2 .* is in use"):
-        ShardStore(tmp_path, {"job": 2}, "0of2", start_over=True)
-    assert (tmp_path / "shard-000000000000-000000000001.txt").read_text() == "kept\n"
-    del running
-    ShardStore(tmp_path, {"job": 2}, "0of2", start_over=True)
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["lock-0of2"]
-
-
 def test_shard_splits_partition_the_input_and_the_last_job_merges(loaded, tmp_path):
     model, tokenizer = loaded
     (tmp_path / "in.txt").write_text("\n".join(words(100, seed=4)) + "\n")
-    job = BulkJob(generation=GREEDY, shard_size=15)
+    job = BulkJob.for_model(model, GREEDY, shard_size=15)
     run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "whole.txt"), job, progress=False)
     output, work = str(tmp_path / "out.txt"), tmp_path / "out.txt.parts"
     finished = [run_bulk(model, tokenizer, str(tmp_path / "in.txt"), output, job, shard=f"{i}/3", progress=False,
@@ -277,7 +260,7 @@ def test_standard_input_to_standard_output_with_a_progress_summary(exported, loa
 def test_a_run_killed_midway_resumes_to_identical_output(exported, loaded, tmp_path):
     model, tokenizer = loaded
     (tmp_path / "in.txt").write_text("\n".join(words(6000, seed=6)) + "\n")
-    job = BulkJob(generation=GREEDY, shard_size=100)
+    job = BulkJob.for_model(model, GREEDY, shard_size=100)
     run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "whole.txt"), job, progress=False)
     args = [f"ckpt_path={exported}", "input=in.txt", "output=out.txt", "shard_size=100", "max_new_tokens=12",
             "progress=false"]
@@ -303,7 +286,7 @@ def test_ddp_on_two_cpu_processes_matches_one_process(exported, loaded, tmp_path
     rank 0 merges them in input order."""
     model, tokenizer = loaded
     (tmp_path / "in.txt").write_text("\n".join(words(300, seed=8)) + "\n")
-    job = BulkJob(generation=GREEDY, shard_size=40)
+    job = BulkJob.for_model(model, GREEDY, shard_size=40)
     run_bulk(model, tokenizer, str(tmp_path / "in.txt"), str(tmp_path / "whole.txt"), job, progress=False)
     hybrid(f"ckpt_path={exported}", "input=in.txt", "output=out.txt", "shard_size=40", "max_new_tokens=12",
            "strategy=ddp", "devices=2", "keep_shards=true", cwd=tmp_path, timeout=180)
