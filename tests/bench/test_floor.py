@@ -1,12 +1,14 @@
 """The floor beside every benchmark cell: the bytes a decode step reads, checked against an
-independent count by parameter name and against the decoding state the model really allocates."""
+independent count by parameter name and against the decoding state the model really allocates, over
+a bandwidth measured from timings the test controls, and the cache that decides whether it applies."""
 
 import pytest
 import torch
 
+from hybrid.bench import floor, runner
 from hybrid.bench.contenders import Contender, bart_model, model_config
 from hybrid.bench.floor import StepReads, bart_reads, seq2seq_reads
-from hybrid.bench.runner import _summarise, measure_bandwidth
+from hybrid.bench.runner import _summarise
 from hybrid.mixers import MIXERS
 from hybrid.model import Seq2Seq
 
@@ -25,6 +27,15 @@ def test_our_weights_are_the_decoder_but_the_memory_projections(mixer):
                   if name.startswith(("decoder_layers.", "decoder_norm.")) and ".cross.key_value." not in name)
     head = nbytes(model.lm_head.weight)  # tied to the embedding: the head reads it all, the input one row
     assert seq2seq_reads(model).weights == decoder + head + SHAPE["d_model"] * 4
+
+
+@pytest.mark.parametrize("mixer", sorted(MIXERS))
+def test_our_int8_weights_are_one_byte_an_element_and_one_scale_a_matrix(mixer):
+    model = Seq2Seq(model_config(SHAPE, mixer))
+    matrices = [p for name, p in model.named_parameters() if p.dim() == 2 and name.startswith("decoder_layers.")
+                and ".cross.key_value." not in name] + [model.lm_head.weight]
+    saved = seq2seq_reads(model).weights - seq2seq_reads(model, int8=True).weights
+    assert saved == sum(4 * m.numel() - (m.numel() + 4) for m in matrices)
 
 
 @pytest.mark.parametrize("mixer", sorted(MIXERS))
@@ -72,6 +83,25 @@ def test_bart_in_int8_reads_one_byte_a_weight_plus_a_scale_a_row():
     assert float32.state_bytes(2, 8, 16) == int8.state_bytes(2, 8, 16)
 
 
+def test_a_step_reads_the_weights_and_the_state_as_it_stands_midway_through_the_decode():
+    reads = StepReads(weights=1000, memory_per_position=10, state=7, state_per_position=3)
+    # 2 rows of 8 source positions: 2 x (10 x 8 + 7 + 3 x steps) bytes once `steps` tokens are fed.
+    assert reads.state_bytes(2, 8, 4) == 2 * (80 + 7 + 12)
+    # Step p (from 0) of 5 reads the state after p + 1 tokens: the mean of the five is 1000 + 2 x 96.
+    steps = [reads.weights + reads.state_bytes(2, 8, p + 1) for p in range(5)]
+    assert reads.per_step(2, 8, 5) == sum(steps) / 5 == 1192
+
+
+def test_the_floor_is_the_bytes_of_a_step_over_the_bandwidth():
+    reads = StepReads(weights=1000, memory_per_position=10, state=7, state_per_position=3)
+    contender = Contender("fake", 1, prefill=None, generate=None, state_bytes=lambda *shape: 1, step_reads=reads)
+    repeats = [{"prefill_s": 0.0, "total_s": 0.005, "peak_bytes": None, "decoded_tokens": 5}]
+    row = _summarise(contender, repeats, 2, 5, {"source_length": 8}, torch.device("cpu"), bandwidth=2e6)
+    assert row["step_bytes"] == 1192
+    assert row["floor_ms_per_token"] == pytest.approx(1000 * 1192 / 2e6)  # 0.596 ms
+    assert row["x_floor"] == pytest.approx(1.0 / 0.596)  # 1 ms a token
+
+
 def test_summary_divides_by_the_tokens_prefill_leaves_and_sets_the_floor_beside_them():
     reads = StepReads(weights=1_000_000, memory_per_position=0)
     # A prefill of 2 s that decodes one token, then 2 + 9 x 0.5 s for ten tokens: 0.5 s a token.
@@ -84,6 +114,32 @@ def test_summary_divides_by_the_tokens_prefill_leaves_and_sets_the_floor_beside_
     assert row["x_floor"] == pytest.approx(500.0)
 
 
-def test_bandwidth_is_a_plausible_rate():
-    bandwidth = measure_bandwidth(torch.device("cpu"), buffer_mib=16, repeats=2)
-    assert 1e8 < bandwidth < 1e13  # between 0.1 GB/s and 10 TB/s
+def test_bandwidth_is_the_bytes_a_copy_reads_and_writes_over_its_median_time(monkeypatch):
+    seconds, copied = iter([0.004, 0.001, 0.002]), []
+
+    def timed(device, call):
+        copied.append(call().nbytes)  # what is timed is the copy of the whole buffer
+        return next(seconds), None
+
+    monkeypatch.setattr(runner, "timed", timed)
+    bandwidth = runner.measure_bandwidth(torch.device("cpu"), buffer_mib=1, repeats=3)
+    assert copied == [2**20] * 3
+    assert bandwidth == 2 * 2**20 / 0.002  # each byte read once and written once, over the median time
+
+
+def test_the_last_level_cache_is_the_highest_level_of_data_the_cpu_lists(monkeypatch, tmp_path):
+    def cache(index: int, level: int, kind: str, size: str) -> None:
+        folder = tmp_path / f"index{index}"
+        folder.mkdir()
+        for name, text in (("level", level), ("type", kind), ("size", size)):
+            (folder / name).write_text(f"{text}\n")
+
+    monkeypatch.setattr(floor, "Path", lambda path: tmp_path)  # the sysfs folder it reads
+    assert floor.last_level_cache_bytes(torch.device("cpu")) == floor.ASSUMED_CACHE_BYTES  # none listed
+    cache(0, 1, "Data", "48K")
+    cache(1, 1, "Instruction", "32K")
+    cache(2, 2, "Unified", "2M")
+    assert floor.last_level_cache_bytes(torch.device("cpu")) == 2 * 2**20
+    cache(3, 3, "Unified", "36864K")
+    cache(4, 4, "Instruction", "1G")  # not data: never the answer
+    assert floor.last_level_cache_bytes(torch.device("cpu")) == 36864 * 2**10
