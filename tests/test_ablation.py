@@ -1,10 +1,12 @@
-"""`hybrid ablate` on fake runs, seeds pooled and compared, the training clock in a real one, and the
-ablation notebook on a tiny table."""
+"""`hybrid ablate` on fake runs, seeds pooled and compared, its plot, the grid's targets (results/ablations/
+targets.py), the training clock in a real run, and the ablation notebook on a tiny table."""
 
 import csv
 import json
 import os
+import runpy
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -14,25 +16,21 @@ from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
-from hybrid.ablation import (
-    CLOCK_FILE,
-    changed_options,
-    conversions,
-    group_seeds,
-    markdown_table,
-    pareto_front,
-    read_results,
-    significant,
-    targets,
-    write_results,
-    write_validation_curves,
-)
 from hybrid.cli import main
 from hybrid.cli.train import run_fit
-from hybrid.training import Seq2SeqTokenizer
+from hybrid.report.files import read_results, write_results
+from hybrid.report.plot import pareto_figure, pareto_front
+from hybrid.report.runs import changed_options, write_validation_curves
+from hybrid.report.seeds import group_seeds, significant
+from hybrid.report.tables import conversions, markdown_table
+from hybrid.tokenizer import Seq2SeqTokenizer
+from hybrid.training.callbacks import CLOCK_FILE
 from hybrid.training.checkpoint import write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
+TARGETS_SCRIPT = ROOT / "results" / "ablations" / "targets.py"
+TARGETS = runpy.run_path(str(TARGETS_SCRIPT))  # the grid's targets live with the results that check them
+targets, targets_markdown = TARGETS["targets"], TARGETS["targets_markdown"]
 ALPHABET = "abcdefghi"  # 4 specials + 9 letters: the tiny models' 13-token vocabulary
 
 
@@ -73,7 +71,7 @@ def runs(tmp_path_factory) -> Path:
     return root
 
 
-def test_ablate_gathers_every_run_into_a_table_and_a_plot(runs, tmp_path, capsys):
+def test_ablate_gathers_every_run_into_a_table_and_a_plot(runs, tmp_path, capsys, monkeypatch):
     out = tmp_path / "results"
     main(["ablate", f"runs={runs}", f"output_dir={out}", "batch_size=2", "new_tokens=4", "source_length=5",
           "repeats=1"])
@@ -112,12 +110,18 @@ def test_ablate_gathers_every_run_into_a_table_and_a_plot(runs, tmp_path, capsys
     assert "batch 2, 4 new tokens" in table and "| ablate_g2p_lstm |" in table
     assert "| copy | ablate_copy_lstm | lstm x2 | 2-2 | - | scratch | 0 | 0 | 3 |" in table
     assert "| 14.5 ± 2.0 | 1,000 ± 0 |" in table and "| 0.115 ± 0.010 |" in table
-    assert ("all-LSTM test/cer within 10% of all-attention's (<= +10%): 0.115 ± 0.010 vs 0.100 "
-            "(+15.0%, n=1, significance unknown), MISSED") in table
-    assert table.index("Targets:") < table.index("Every run, one row per seed:")  # several seeds: runs follow
+    assert "Every run, one row per seed:" in table and "Targets" not in table  # the library knows no targets
     assert table.count("| copy | ablate_copy_lstm |") == 4  # the configuration, then its three seeds
-    assert (out / "pareto.png").stat().st_size > 0
+    header = (out / "pareto.png").read_bytes()[:24]  # a PNG of one 6.4 x 4.8 in panel per task, at 120 dpi
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [int.from_bytes(header[at:at + 4], "big") for at in (16, 20)] == [2 * 768, 576]
     assert "ablate_copy_attention" in capsys.readouterr().out
+
+    # The grid's targets, by the committed command that checks them beside the tables.
+    monkeypatch.setattr(sys, "argv", ["targets.py", str(out)])
+    TARGETS["main"]()
+    assert ("all-LSTM test/cer within 10% of all-attention's (<= +10%): 0.115 ± 0.010 vs 0.100 "
+            "(+15.0%, n=1, significance unknown), MISSED") in (out / "targets.md").read_text()
 
 
 def test_rows_collected_earlier_join_the_table_and_a_run_collected_now_replaces_its_row(runs, tmp_path):
@@ -139,6 +143,7 @@ def test_rows_collected_earlier_join_the_table_and_a_run_collected_now_replaces_
         ("ablate_copy_attention", 0), ("ablate_copy_lstm", 0), ("ablate_copy_lstm", 1), ("ablate_copy_lstm", 2),
         ("ablate_g2p_gone", 4), ("ablate_g2p_lstm", 0)]
     assert rows[-1]["test/per"] == 0.25 and rows[-1]["ms_per_token"] == g2p["ms_per_token"]  # as collected then
+    assert rows[-2]["task"] == "g2p"  # a run whose folder is gone keeps the task its CSV recorded
     assert "2 of the runs were collected earlier and read from" in (second / "ablations.md").read_text()
 
     main(["ablate", f"runs=[{runs / 'a'},{runs / 'b'}]", f"output_dir={second}",
@@ -227,9 +232,13 @@ def test_committed_tables_are_what_their_rows_give(folder, tmp_path):
     """No committed table or target line is edited by hand: each follows from its own ablations.csv."""
     committed = ROOT / "results" / folder
     note = (committed / "ablations.md").read_text().split("\n\n", 1)[0]
-    write_results(read_results(committed / "ablations.csv"), tmp_path, note)
+    rows = read_results(committed / "ablations.csv")
+    write_results(rows, tmp_path, note)
     for name in ("ablations.md", "ablations_grouped.csv"):
         assert (tmp_path / name).read_text() == (committed / name).read_text(), name
+    if targets(rows):  # a grid with the arms the targets compare
+        assert (committed / "targets.md").read_text() == targets_markdown(rows)
+        assert f"python {TARGETS_SCRIPT.relative_to(ROOT)} results/{folder}" in (committed / "run.sh").read_text()
 
 
 def test_issue_15s_targets_hold_the_parameter_matched_lstm_to_5_percent_and_the_wider_one_to_no_worse():
@@ -304,6 +313,36 @@ def test_a_converted_run_stands_beside_scratch_at_equal_total_steps_and_its_sour
     assert "| g2p | t2r x3 | 100 of 600 | test/per 0.220, exact match 0.480 | - |" in table  # no scratch run
     assert "| -0.050, n=1, significance unknown | +0.050, n=1, significance unknown |" in table  # the gru row
     assert conversions(rows[:3]) == ""
+
+
+def test_the_pareto_plot_draws_each_configuration_at_its_means_with_its_spread():
+    def configuration(task, name, ms_and_per_by_seed):
+        return [{"task": task, "run": f"ablate_{task}_{name}", "seed": seed, "steps": 500, "ms_per_token": ms,
+                 "test/per" if task == "g2p" else "test/cer": per, "decode_batch": 8, "decode_new_tokens": 128}
+                for seed, (ms, per) in enumerate(ms_and_per_by_seed)]
+
+    rows = (configuration("g2p", "attention", [(2.0, 0.20)])
+            + configuration("g2p", "lstm", [(1.0, 0.22), (1.2, 0.26), (1.4, 0.30)])  # mean (1.2, 0.26), std (.2, .04)
+            + configuration("g2p", "slow_and_bad", [(3.0, 0.40)])
+            + configuration("copy", "lstm", [(0.5, 0.1)]))
+    figure = pareto_figure(rows)
+    copy, g2p = figure.axes  # one panel per task, in order
+    assert (copy.get_title(), g2p.get_title()) == ("copy", "g2p (mean ± std over seeds)")
+    assert g2p.get_xlabel() == "greedy decoding, ms per token (batch 8, 128 new tokens)"
+    assert (g2p.get_ylabel(), copy.get_ylabel()) == ("test/per (lower is better)", "test/cer (lower is better)")
+    (points,) = g2p.containers  # one errorbar set: one marker per configuration, at its means
+    marker, _, (xerr, yerr) = points.lines
+    assert marker.get_xdata().tolist() == pytest.approx([2.0, 1.2, 3.0])
+    assert marker.get_ydata().tolist() == pytest.approx([0.20, 0.26, 0.40])
+    # Each bar's two ends, (x, y) and (x, y): the lstm's spans its mean ± std; one seed has no spread.
+    assert yerr.get_segments()[1].ravel().tolist() == pytest.approx([1.2, 0.22, 1.2, 0.30])
+    assert xerr.get_segments()[1].ravel().tolist() == pytest.approx([1.0, 0.26, 1.4, 0.26])
+    assert yerr.get_segments()[0].ravel().tolist() == pytest.approx([2.0, 0.20, 2.0, 0.20])
+    assert [text.get_text() for text in g2p.texts] == ["attention", "lstm (n=3)", "slow_and_bad"]
+    assert [value for text in g2p.texts for value in text.xy] == pytest.approx([2.0, 0.20, 1.2, 0.26, 3.0, 0.40])
+    (front,) = [line for line in g2p.get_lines() if line.get_label() == "Pareto front"]
+    assert [*front.get_xdata(), *front.get_ydata()] == pytest.approx([1.2, 2.0, 0.26, 0.20])
+    assert [text.get_text() for text in copy.texts] == ["lstm"]
 
 
 def test_the_options_column_names_only_what_differs_from_the_defaults():

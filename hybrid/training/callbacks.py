@@ -1,16 +1,20 @@
-"""Callbacks that make a long fit safe to leave running: validation that keeps pace with a long epoch,
-a checkpoint when the job is preempted, and a console (or log file) that says what the fit is doing.
+"""``hybrid fit``'s own Lightning callbacks: what makes a long fit safe to leave running, and its training clock.
 
-Each is a Lightning callback listed in ``configs/callbacks/default.yaml``; set one to null to leave it out.
-Their lines go through the ``hybrid`` loggers, which the quiet console shows and the run's log file keeps.
+Validation that keeps pace with a long epoch, a checkpoint when the job is preempted, and a console (or log
+file) that says what the fit is doing are listed in ``configs/callbacks/default.yaml``; set one to null to
+leave it out. Their lines go through the ``hybrid`` loggers, which the quiet console shows and the run's log
+file keeps. :class:`TrainingClock`, which the ablation experiments add, writes the training time and tokens/s
+that ``hybrid ablate`` tabulates.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,9 +24,12 @@ from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from hybrid.files import write_atomically
+
 logger = logging.getLogger(__name__)
 
 SIGTERM_EXIT_STATUS = 143  # 128 + SIGTERM, what a shell reports for a process the signal ended
+CLOCK_FILE = "training_clock.json"  # TrainingClock's, in the run folder
 
 
 class ValidationCadence(Callback):
@@ -226,6 +233,39 @@ class ConsoleReport(Callback):
         if trainer.is_global_zero:
             logger.info("the fit stopped at step %s (epoch %.2f): %s", f"{trainer.global_step:,}", _epochs(trainer),
                         stop_reason(trainer))
+
+
+class TrainingClock(Callback):
+    """Time the training loop and count its tokens; writes :data:`CLOCK_FILE` into the run folder.
+
+    ``train_time_s`` is the wall time from the first to the last training step, validation included;
+    ``train_tokens_per_s`` is target tokens (what the loss is taken over, padding excluded) per second
+    spent in training batches (forward, backward and optimiser step), over every process.
+    """
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.begin = time.perf_counter()
+        self.batch_seconds = 0.0
+        self.tokens = torch.zeros((), dtype=torch.long, device=pl_module.device)  # summed on the device: no sync
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self.batch_begin = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.tokens += batch["tgt_out"].ne(pl_module.model.config.pad_id).sum()
+        self.batch_seconds += time.perf_counter() - self.batch_begin
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        tokens = int(self.tokens) * trainer.world_size
+        clock = {"train_time_s": time.perf_counter() - self.begin, "train_batch_time_s": self.batch_seconds,
+                 "train_tokens": tokens, "train_tokens_per_s": tokens / max(self.batch_seconds, 1e-9),
+                 "global_step": trainer.global_step}
+        path = Path(trainer.default_root_dir) / CLOCK_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, json.dumps(clock, indent=2) + "\n")
 
 
 def _epochs(trainer: Trainer) -> float:

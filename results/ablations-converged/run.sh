@@ -10,7 +10,8 @@
 #   Seed 0: 6-1 against 3-3, attention first, attention last, and every other registered mixer.
 #   Seeds 0, 1, 2 again: the learning rate (the equal-width LSTM at 1.5e-3 and 1e-3, the parameter-matched
 #   one and attention at 1.5e-3, against the grid's 3e-3), since the wider LSTM lost to the narrower.
-# Then `hybrid ablate` pools the seeds (mean ± std, significance) into results/ablations-converged/.
+# Then `hybrid ablate` pools the seeds (mean ± std, significance) into results/ablations-converged/, and
+# results/ablations/targets.py checks the grid's targets into its targets.md.
 # Run from the repository root: bash results/ablations-converged/run.sh   (RUNS=<folder> puts the runs
 # elsewhere, JOBS=<n> runs n at a time, STEPS=<n> sets the budget). About 5 hours of CPU in all, so it
 # can run in parts: PART=seeded (the 3-seed arms and the conversions), PART=single (the one-seed arms)
@@ -81,3 +82,4 @@ output=$converted > $runs/convert.seed$seed.log 2>&1 && $(fit ablate_g2p_convert
 done | xargs -P "$jobs" -I{} bash -c {}
 
 hybrid ablate "runs=$runs" output_dir=results/ablations-converged ${INCLUDE:+"include=$INCLUDE"}
+python results/ablations/targets.py results/ablations-converged

@@ -28,4 +28,4 @@ train g2p_best_transformer &
 wait
 hybrid ablate "runs=$runs" "output_dir=$out"
 # Each run's validation PER after every check (1,280 words), to see whether it was still falling.
-python -c "from hybrid.ablation import write_validation_curves as write; write('$runs', 'val/per', '$out/validation.csv')"
+python -c "from hybrid.report.runs import write_validation_curves as write; write('$runs', 'val/per', '$out/validation.csv')"

@@ -18,7 +18,7 @@ python results/long-fit/make_pairs.py "$pairs" --pairs "${PAIRS:-250000}"
 rm -rf "$run"
 start=$SECONDS
 hybrid fit data=text "data.train_path=$pairs" "trainer.max_time=\"$max_time\"" test_after_fit=true name=long_fit \
-    +callbacks.training_clock._target_=hybrid.ablation.TrainingClock "hydra.run.dir=$run" \
+    +callbacks.training_clock._target_=hybrid.training.callbacks.TrainingClock "hydra.run.dir=$run" \
     > "$out/output.txt" 2> "$out/console.txt"
 echo "$((SECONDS - start))" > "$out/wall_seconds.txt"
 cp "$run/csv/metrics.csv" "$run/training_clock.json" "$out/"

@@ -12,7 +12,8 @@
 #   Phase 2: the all-attention run converted to all-LSTM and fine-tuned for 300 steps, 20% of its own.
 # Run from the repository root: bash results/recall/run.sh   (RUNS=<folder> puts the runs elsewhere,
 # JOBS=<n> runs n at a time, one thread each). A run whose test metrics are written is skipped, so a
-# stopped script picks up where it was. Then `hybrid ablate` tabulates every run into results/recall/.
+# stopped script picks up where it was. Then `hybrid ablate` tabulates every run into results/recall/, and
+# results/ablations/targets.py checks the grid's targets into results/recall/targets.md.
 set -euo pipefail
 export OMP_NUM_THREADS=1
 runs=${RUNS:-outputs/recall}
@@ -51,6 +52,7 @@ grep -qs test/ "$runs/ablate_recall_convert/csv/metrics.csv" || {
 }
 
 hybrid ablate "runs=$runs" output_dir=results/recall
+python results/ablations/targets.py results/recall
 
 # Each run's validation exact match after every check, to see how fast each mixer learns (all reach 1.0).
-python -c "from hybrid.ablation import write_validation_curves as write; write('$runs', 'val/exact_match', 'results/recall/validation.csv')"
+python -c "from hybrid.report.runs import write_validation_curves as write; write('$runs', 'val/exact_match', 'results/recall/validation.csv')"

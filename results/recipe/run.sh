@@ -43,7 +43,7 @@ g2p_arms=(
 copy_budget=(trainer.max_epochs=-1 trainer.max_steps=1500 trainer.check_val_every_n_epoch=null
              trainer.val_check_interval=250 trainer.num_sanity_val_steps=0 trainer.enable_progress_bar=false
              callbacks.progress_bar=null callbacks.early_stopping=null module.decode_batches=null
-             +callbacks.training_clock._target_=hybrid.ablation.TrainingClock test_after_fit=true
+             +callbacks.training_clock._target_=hybrid.training.callbacks.TrainingClock test_after_fit=true
              module.max_warmup_fraction=null)
 copy_arms=(
     "recipe_copy_lstm experiment=copy_hybrid"
