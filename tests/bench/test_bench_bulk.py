@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_module
 from hybrid.bench.bulk import MODES, markdown_table, plain_loop, run_bulk_benchmark
 from hybrid.cli.bench import run_bench_bulk
 from hybrid.generation.refill import RefillDecoder
-from hybrid.training import Seq2SeqTokenizer
+from hybrid.tokenizer import Seq2SeqTokenizer
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz'-."
 
@@ -41,6 +41,8 @@ def test_bench_bulk_runs_every_mode_with_equal_outputs(g2p_checkpoint, tmp_path)
     finally:
         torch.set_num_threads(torch_threads)
     results = json.loads((tmp_path / "results.json").read_text())
+    assert {"device", "device_name", "torch", "threads", "git_commit", "date", "load_average",
+            "models"} <= set(results["meta"])  # the bench's own metadata, as hybrid bench records it
     cells = {(row["dataset"], row["decoder"], row["mode"]) for row in results["rows"]}
     assert cells == {("g2p", "lstm", mode) for mode in MODES} | {("synthetic", decoder, mode) for mode in MODES
                                                                    for decoder in ("lstm", "attention")}
