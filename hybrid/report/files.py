@@ -1,5 +1,8 @@
-"""Write a report's files (``ablations.csv``, ``ablations_grouped.csv``, ``ablations.md``, ``pareto.png``) and
-read its CSVs back."""
+"""Write a report's files and read its CSVs back.
+
+The files: ``ablations.csv`` (one row per run), ``ablations_grouped.csv`` (one per configuration),
+``ablations.md`` (the tables) and ``pareto.png`` (the plot).
+"""
 
 from __future__ import annotations
 
