@@ -1,21 +1,26 @@
-"""Reading source/target records from TSV and JSONL files: one parser for training data and bulk jobs.
+"""Reading records, one per line, from text, TSV and JSONL files: one parser for training data and bulk jobs.
 
-A record is a `(source, target)` pair of strings. `read_parallel_file` reads a whole file of them,
-skipping and counting the bad lines in a `ParseReport`; `parse_line` is the rule for one line. Plain
-Python (no Lightning, no torch), so inference can read the same files as training.
+A record is a source and, in a file of pairs, its target. The rule for one line is :func:`parse_line`,
+and :func:`read_records` streams a file's lines through it, item ``i`` for line ``i``, each a record
+or a :class:`BadLine` saying why it holds none. Training reads pairs (:func:`read_parallel_file`:
+bad lines skipped and counted in a :class:`ParseReport`); a bulk job reads sources
+(:mod:`hybrid.bulk.inputs`: a bad line keeps its place, so output line ``i`` answers input line ``i``).
+Plain Python (no Lightning, no torch), so inference reads the same files as training.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
+import os
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
 
-from hybrid.files import detect_format, open_input
+from hybrid.files import INPUT_FORMATS, Format, detect_format, open_input
+from hybrid.validators import check_choice
 
 logger = logging.getLogger(__name__)
 
@@ -71,34 +76,82 @@ class ParseReport:
         return f"{reason}: {count} (lines {', '.join(map(str, lines))}{more})"
 
 
-def parallel_format(path: str | Path) -> Literal["tsv", "jsonl"]:
-    """The format of a parallel-text file by :func:`hybrid.files.detect_format`: its name, else its first line."""
-    with open_input(path, encoding=None) as stream:
-        first_line = stream.readline().decode("utf-8", errors="replace")
-    return detect_format(path, first_line, allowed=("tsv", "jsonl"), format_key="data.format")
+@dataclasses.dataclass(frozen=True)
+class BadLine:
+    """Why one line holds no record: ``reason``, the short name a :class:`ParseReport` counts it under
+    (blank_line, bad_utf8, wrong_field_count, bad_json, missing_key, not_a_string), and ``detail``, what a
+    person reads."""
+
+    reason: str
+    detail: str
 
 
-def parse_line(line: str, format: str) -> Pair | str:
-    """The `(source, target)` pair on one decoded, non-blank `format` ("tsv" or "jsonl") line, or the reason
-    it is unusable (a `ParseReport` reason: wrong_field_count, bad_json, missing_key, not_a_string, empty_text)."""
+def parse_line(line: str, format: Format, target: bool = True) -> tuple[str, ...] | BadLine:
+    """The record on one line (its ending stripped) of a ``format`` file: ``(source, target)``, or ``(source,)``
+    with ``target=False``; else why the line holds none.
+
+    A plain-text line is a source (``target=False`` only). A TSV line's first field is the source and its
+    second the target: a line of pairs holds exactly those two, while a source is read from the first
+    field of any line. A JSONL line is an object whose ``"source"`` (and ``"target"``) are strings; other
+    keys are ignored. A TSV or JSONL line of nothing but whitespace holds no record (``blank_line``)."""
+    if format == "text":
+        return (line,)
+    if not line.strip():
+        return BadLine("blank_line", "the line is blank")
+    keys = ("source", "target") if target else ("source",)
     if format == "tsv":
         fields = line.split("\t")
-        if len(fields) != 2:
-            return "wrong_field_count"
-        source, target = fields
-    else:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            return "bad_json"
-        if not isinstance(record, dict) or "source" not in record or "target" not in record:
-            return "missing_key"
-        source, target = record["source"], record["target"]
-        if not isinstance(source, str) or not isinstance(target, str):
-            return "not_a_string"
-    if not source.strip() or not target.strip():
-        return "empty_text"
-    return source, target
+        if target and len(fields) != 2:
+            return BadLine("wrong_field_count", f"expected source<TAB>target (one tab), got {len(fields) - 1} tabs")
+        return tuple(fields[:len(keys)])
+    expected = "expected a JSON object with " + " and ".join(f'a string "{key}"' for key in keys)
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        return BadLine("bad_json", f"{expected}; the line is not JSON ({error})")
+    if not isinstance(record, dict) or any(key not in record for key in keys):
+        return BadLine("missing_key", f"{expected}; got {type(record).__name__}" +
+                       (" without one" if isinstance(record, dict) else ""))
+    for key in keys:
+        if not isinstance(record[key], str):  # null, a list, a number: not text
+            return BadLine("not_a_string", f'{expected}; its "{key}" is {json.dumps(record[key])[:40]}')
+    return tuple(record[key] for key in keys)
+
+
+def read_records(path: str | os.PathLike | None, format: str = "auto",
+                 target: bool = True) -> Iterator[tuple[str, ...] | BadLine]:
+    """Every line of ``path`` (gzip or not, told by its first bytes; standard input for None or ``"-"``) as
+    its record by :func:`parse_line`, or why it holds none, streamed: item ``i`` stands for line ``i``.
+
+    Lines end at ``"\n"`` only, and are read as bytes, so a line of invalid UTF-8 is a ``bad_utf8``
+    :class:`BadLine` instead of an error ending the whole file. ``format="auto"`` applies
+    :func:`record_format` to the first line; a file of pairs (``target=True``) cannot be plain text.
+    """
+    allowed, key = _formats(target)
+    check_choice(key, format, ("auto", *allowed))
+    with open_input(path, encoding=None) as stream:
+        first = stream.readline()
+        format = record_format(path, first, target) if format == "auto" else format
+        for raw in itertools.chain([first] if first else [], stream):
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError:
+                yield BadLine("bad_utf8", "the line is not valid UTF-8")
+                continue
+            yield parse_line(line, format, target)
+
+
+def record_format(path: str | os.PathLike | None, first_line: bytes, target: bool = True) -> Format:
+    """The format of a file of records by :func:`hybrid.files.detect_format`: its name, else ``first_line``
+    (``b""`` for an empty file). A file of pairs must be TSV or JSONL (``data.format``); a bulk job's input
+    may also be plain text (``input_format``)."""
+    allowed, key = _formats(target)
+    return detect_format(path, first_line.decode("utf-8", errors="replace"), allowed=allowed, format_key=key)
+
+
+def _formats(target: bool) -> tuple[tuple[Format, ...], str]:
+    """The formats a file may have, and the key that names one: a file of pairs is training data."""
+    return (("tsv", "jsonl"), "data.format") if target else (INPUT_FORMATS, "input_format")
 
 
 def read_parallel_file(path: str | Path, format: str = "auto") -> tuple[list[Pair], ParseReport]:
@@ -111,25 +164,18 @@ def read_parallel_file(path: str | Path, format: str = "auto") -> tuple[list[Pai
     returned `ParseReport`, and the report is logged. Text is kept exactly as written apart from
     the line ending, since spaces can matter at the character level.
     """
-    format = parallel_format(path) if format == "auto" else format
-    if format not in ("tsv", "jsonl"):
-        raise ValueError(f"format must be 'auto', 'tsv' or 'jsonl', got {format!r}")
+    if format == "auto":
+        with open_input(path, encoding=None) as stream:
+            format = record_format(path, stream.readline())  # named in the error below
     report = ParseReport(str(path))
     pairs: list[Pair] = []
-    for line_number, raw in enumerate(read_lines(path), start=1):
-        try:
-            line = raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError:
-            report.skip("bad_utf8", line_number)
-            continue
-        if not line.strip():
-            report.skip("blank_line", line_number)
-            continue
-        parsed = parse_line(line, format)
-        if isinstance(parsed, str):
-            report.skip(parsed, line_number)
+    for line_number, record in enumerate(read_records(path, format), start=1):
+        if isinstance(record, BadLine):
+            report.skip(record.reason, line_number)
+        elif not record[0].strip() or not record[1].strip():  # a pair with an empty side teaches nothing
+            report.skip("empty_text", line_number)
         else:
-            pairs.append(parsed)
+            pairs.append(record)
     report.kept = len(pairs)
     if not pairs:
         lines = report.skipped.total()
@@ -140,9 +186,3 @@ def read_parallel_file(path: str | Path, format: str = "auto") -> tuple[list[Pai
     report.log()
     return pairs, report
 
-
-def read_lines(path: str | Path) -> Iterator[bytes]:
-    """The lines of `path` (gzip or not) as bytes, line endings kept: bytes, so that one badly encoded line
-    is skipped by the caller instead of aborting the whole file."""
-    with open_input(path, encoding=None) as file:
-        yield from file

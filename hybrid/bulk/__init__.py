@@ -8,11 +8,11 @@
 """
 
 from hybrid.bulk.ddp import run_bulk_ddp
-from hybrid.bulk.inputs import FORMATS, Rejected, Shard, ShardReader, count_sources, read_sources
+from hybrid.bulk.inputs import Rejected, Shard, ShardReader, count_sources, read_sources
 from hybrid.bulk.job import ON_ERROR, BulkJob, decode_shard, job_fingerprint, run_bulk, shard_seed
 from hybrid.bulk.progress import BulkProgress
 from hybrid.bulk.store import ShardStore, Worker, parse_shard
 
-__all__ = ["FORMATS", "ON_ERROR", "BulkJob", "BulkProgress", "Rejected", "Shard", "ShardReader", "ShardStore",
+__all__ = ["ON_ERROR", "BulkJob", "BulkProgress", "Rejected", "Shard", "ShardReader", "ShardStore",
            "Worker", "count_sources", "decode_shard", "job_fingerprint", "parse_shard", "read_sources", "run_bulk",
            "run_bulk_ddp", "shard_seed"]

@@ -1,22 +1,20 @@
 """Reading a bulk job's input: one source per line, streamed, and cut into shards.
 
 The input is plain lines, TSV (the first field) or JSONL (the ``"source"``), gzip or not, or
-standard input (:func:`hybrid.files.open_input`, :func:`hybrid.files.detect_format`). Item ``i``
-always stands for input line ``i``: a line that holds no source is a :class:`Rejected`, never
-dropped, so that output line ``i`` can answer input line ``i``.
+standard input, read by the parser training data uses (:mod:`hybrid.records`). Item ``i`` always
+stands for input line ``i``: a line that holds no source is a :class:`Rejected`, never dropped, so
+that output line ``i`` can answer input line ``i``.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from hybrid.files import INPUT_FORMATS, detect_format, open_input
-
-FORMATS = ("auto", *INPUT_FORMATS)
+from hybrid.files import open_input
+from hybrid.records import BadLine, read_records
 
 
 @dataclass(frozen=True)
@@ -28,50 +26,18 @@ class Rejected:
 
 
 def read_sources(path: str | os.PathLike | None, input_format: str = "auto") -> Iterator[str | Rejected]:
-    """Every source of the input, one per line, streamed: the line (``text``), its first tab-separated
-    field (``tsv``) or its ``"source"`` (``jsonl``). ``auto`` applies :func:`hybrid.files.detect_format`
-    (the name, else the first line). A blank line is an empty source, and a line that holds no source
+    """Every source of the input, one per line, streamed (:func:`hybrid.records.read_records`): the line
+    (``text``), its first tab-separated field (``tsv``) or its ``"source"`` (``jsonl``); ``auto`` goes by
+    the name, else the first line. A blank line is an empty source, and a line that holds no source
     (invalid UTF-8, a JSONL line without a string ``"source"``) is a :class:`Rejected`, so item ``i``
     always stands for input line ``i``."""
-    if input_format not in FORMATS:
-        raise ValueError(f"input_format must be one of {FORMATS}, got {input_format!r}")
-    # surrogateescape: a line of invalid UTF-8 is read (its bad bytes as lone surrogates) and rejected
-    # on its own, instead of a UnicodeDecodeError ending the whole input.
-    with open_input(path, errors="surrogateescape") as stream:
-        lines = (line.rstrip("\r\n") for line in stream)
-        first = next(lines, None)
-        if first is None:
-            return
-        kind = detect_format(path, first) if input_format == "auto" else input_format
-        for number, line in enumerate(itertools.chain([first], lines), start=1):
-            try:
-                line.encode("utf-8")
-            except UnicodeEncodeError:
-                yield Rejected(number, "the line is not valid UTF-8")
-                continue
-            if kind == "text":
-                yield line
-            elif not line.strip():
-                yield ""
-            elif kind == "tsv":
-                yield line.split("\t", 1)[0]
-            else:
-                yield _jsonl_source(line, number)
-
-
-def _jsonl_source(line: str, number: int) -> str | Rejected:
-    """The ``"source"`` string of one JSONL line, or why there is none (null, a list, a number: not text)."""
-    expected = 'expected a JSON object with a string "source"'
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        return Rejected(number, f"{expected}; the line is not JSON ({error})")
-    if not isinstance(record, dict) or "source" not in record:
-        return Rejected(number, f"{expected}; got {type(record).__name__}" +
-                        (" without one" if isinstance(record, dict) else ""))
-    if not isinstance(record["source"], str):
-        return Rejected(number, f"{expected}; its \"source\" is {json.dumps(record['source'])[:40]}")
-    return record["source"]
+    for number, record in enumerate(read_records(path, input_format, target=False), start=1):
+        if not isinstance(record, BadLine):
+            yield record[0]
+        elif record.reason == "blank_line":
+            yield ""  # decoded as nothing: its output line is empty
+        else:
+            yield Rejected(number, record.detail)
 
 
 def count_sources(path: str | os.PathLike | None) -> int | None:

@@ -87,7 +87,7 @@ def _rejected(path: Path) -> dict[int, str]:
 
 
 def _training_line(source: str, target: str, as_jsonl: bool) -> str:
-    """One line of the training file, as ``hybrid.training.data.read_parallel_file`` reads it."""
+    """One line of the training file, as ``hybrid.records.read_parallel_file`` reads it."""
     if as_jsonl:
         return json.dumps({"source": source, "target": target}, ensure_ascii=False) + "\n"
     if any(separator in text for text in (source, target) for separator in "\t\r\n"):
