@@ -60,7 +60,7 @@ def load_bulk_job(cfg: DictConfig, on_error: str) -> tuple[Seq2Seq, AnyTokenizer
                             max_batch_size=cfg.batch_size, window=cfg.window, refill=cfg.refill,
                             shard_size=cfg.shard_size, seed=cfg.seed, on_error=on_error)
     if cfg.optimize:
-        from hybrid.fast import cache_dir_for
+        from hybrid.accel.onnx import cache_dir_for
 
         model.optimize_for_inference(cfg.quantize, cache_dir=cache_dir_for(cfg.ckpt_path))
     return model, tokenizer, job
