@@ -14,7 +14,7 @@ asked to write, in the folder they are started from (``configs/hydra/in_place.ya
 
 This module is the table of verbs and the dispatcher; each verb's entry point is a small module
 beside it, imported only when that verb runs, so ``hybrid generate`` and ``hybrid export`` never
-import Lightning.
+import Lightning (``tests/test_generate_without_lightning.py`` runs both with it blocked).
 """
 
 from __future__ import annotations

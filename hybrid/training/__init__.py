@@ -1,15 +1,15 @@
-"""Training: the Lightning module, the data modules, the tokenizer and the synthetic tasks, plus what
-turns a config into them (``builders``) and a checkpoint into a model (``checkpoint``).
+"""Training: the Lightning module, the data modules and the synthetic tasks, plus what turns a config into them
+(``builders``) and a checkpoint into a model (``checkpoint``).
 
-The tokenizer and the tasks are plain Python. Everything that needs Lightning (``LitSeq2Seq``,
-the data modules) is imported on first use, so inference can load a tokenizer without Lightning.
+The tasks and ``checkpoint`` are plain Python. Everything that needs Lightning (``LitSeq2Seq``, the data
+modules) is imported on first use, so inference can read a checkpoint without Lightning; the configs name
+the data modules here (``hybrid.training.G2PDataModule``).
 """
 
 import importlib
 from typing import Any
 
 from hybrid.training.tasks import SyntheticTask
-from hybrid.training.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Seq2SeqTokenizer
 
 _LIGHTNING_EXPORTS = {
     "LitSeq2Seq": "hybrid.training.module",
@@ -20,7 +20,7 @@ _LIGHTNING_EXPORTS = {
     "collate": "hybrid.training.data",
 }
 
-__all__ = ["Seq2SeqTokenizer", "SyntheticTask", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", *_LIGHTNING_EXPORTS]
+__all__ = ["SyntheticTask", *_LIGHTNING_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:

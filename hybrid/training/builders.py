@@ -16,7 +16,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from hybrid.config import ModelConfig
-from hybrid.training.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from hybrid.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 if TYPE_CHECKING:
     from lightning import Trainer
@@ -32,12 +32,13 @@ def model_config_from(model: DictConfig | dict[str, Any], vocab_size: int) -> Mo
 
 
 def build_module(cfg: DictConfig, model_config: ModelConfig, datamodule: Seq2SeqDataModule) -> LitSeq2Seq:
-    """``LitSeq2Seq`` with the ``module`` config node; ``module.metrics: null`` means the data's own metrics."""
-    from hybrid.training.module import LitSeq2Seq, default_sequence_metrics
+    """``LitSeq2Seq`` with the ``module`` config node; ``module.metrics: null`` means the data module's own
+    (``datamodule.metrics()``)."""
+    from hybrid.training.module import LitSeq2Seq
 
     options = OmegaConf.to_container(cfg.module, resolve=True)
     if options.get("metrics") is None:
-        options["metrics"] = default_sequence_metrics(datamodule)
+        options["metrics"] = list(datamodule.metrics())
     return LitSeq2Seq(model_config.to_dict(), tokenizer=datamodule.tokenizer, seed=cfg.seed, **options)
 
 

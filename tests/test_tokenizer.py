@@ -5,7 +5,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from hybrid.training.tokenizer import Seq2SeqTokenizer
+from hybrid.tokenizer import Seq2SeqTokenizer
 
 WORDS = ["hello", "world", "tomato", "it's"]
 PHONEMES = ["HH AH0 L OW1", "W ER1 L D", "T AH0 M EY1 T OW2", "IH1 T S"]
