@@ -2,7 +2,8 @@
 
 Read top to bottom: the encoder layer, the decoder layer, then the model with its three
 ways to run: ``forward`` (teacher forcing, the whole target at once), ``start``/``step``
-(one token at a time over a preallocated :class:`DecodeState`), and ``generate``.
+(one token at a time over a preallocated :class:`DecodeState`, through the model's
+accelerator), and ``generate``.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import Tensor, nn
 
+from hybrid.accel import Accelerator, Eager
+from hybrid.accel.cuda_graph import CUDAGraphAccelerator
+from hybrid.accel.onnx import OnnxAccelerator, cache_dir_for
 from hybrid.config import ModelConfig
 from hybrid.files import write_atomically
+from hybrid.generation import generate
 from hybrid.inputs import check_length, check_token_ids, source_mask
 from hybrid.layers import CrossAttention, EncoderSelfAttention, FeedForward, position_table, residual
 from hybrid.mixers import MIXERS
@@ -110,9 +115,9 @@ class Seq2Seq(nn.Module):
         # The model's own defaults for generate() (an imported model's generation config; none for hybrid's
         # own), which its keyword arguments override; saved as generation_config.json.
         self.generation_config: dict = {}
-        # Set by optimize_for_inference: the exported CPU step, or CUDA-graph decoding on a GPU.
-        self.fast_step = None
-        self.cuda_graphs = False
+        # What steps the decoder (hybrid.accel): the eager step, until optimize_for_inference installs a
+        # faster one (ONNX Runtime on a CPU, CUDA graphs on a GPU).
+        self.accelerator: Accelerator = Eager(self)
         # Set by from_pretrained: the folder the weights came from, where the fast path caches its graphs.
         self.pretrained_folder: Path | None = None
 
@@ -193,8 +198,7 @@ class Seq2Seq(nn.Module):
         Feed the BOS token to the first :meth:`step`.
         """
         check_length("max_steps", max_steps, self.config.max_positions, "max_positions")
-        if self.fast_step is not None:
-            self.fast_step.check_weights()
+        self.accelerator.check_weights()
         memory, key_mask = self.encode(src_ids, src_mask)
         batch, dtype = memory.shape[0], memory.dtype
         projected = [layer.cross.project_memory(memory) for layer in self.decoder_layers]
@@ -219,10 +223,11 @@ class Seq2Seq(nn.Module):
 
     @torch.inference_mode()
     def step_unchecked(self, token_ids: Tensor, state: DecodeState, position: Tensor | None = None) -> Tensor:
-        """:meth:`step` without reading ``token_ids`` on the host (the hot path).
+        """:meth:`step` without reading ``token_ids`` on the host (the hot path), run by the model's
+        :attr:`accelerator`.
 
         ``position``, a device tensor, replaces the state's host-side counter: 0-d for every row
-        (CUDA-graph decoding, :mod:`hybrid.generation.cuda_graph`, passes one so that replays
+        (a batch that keeps every row, which CUDA graphs replay, passes one so that replays
         advance) or (B,) for one position per row (continuous refill); see
         :data:`hybrid.mixers.base.Position`.
         """
@@ -235,12 +240,11 @@ class Seq2Seq(nn.Module):
         elif position.dim() > 1 or (position.dim() == 1 and position.shape[0] != token_ids.shape[0]):
             raise ValueError(f"position must be a 0-d tensor or hold one position per row ({token_ids.shape[0]}), "
                              f"got shape {tuple(position.shape)}")
-        if self.fast_step is not None:
-            return self.fast_step(token_ids, state, position)
-        return self._eager_step(token_ids, state, position)
+        return self.accelerator.step(token_ids, state, position)
 
-    def _eager_step(self, token_ids: Tensor, state: DecodeState, position: int | Tensor) -> Tensor:
-        """The step itself, in PyTorch: what the fast path exports, and runs when it is off."""
+    def eager_step(self, token_ids: Tensor, state: DecodeState, position: int | Tensor) -> Tensor:
+        """The step itself, in PyTorch, unchecked: what an accelerator (:mod:`hybrid.accel`) runs, exports
+        or captures."""
         x = self._embed(token_ids, self.decoder_positions, self.decoder_embedding_norm, position)  # (B, D)
         for index, layer in enumerate(self.decoder_layers):
             x = layer.step(x, index, state, position)
@@ -256,24 +260,24 @@ class Seq2Seq(nn.Module):
         ``use_cache=False`` reruns the decoder over the whole prefix at every step: the
         crude loop that the cached path is checked and benchmarked against.
         """
-        from hybrid.generation import generate
-
         return generate(self, src_ids, src_mask=src_mask, **kwargs)
 
     def optimize_for_inference(self, quantize: str | None = None,
                                cache_dir: str | os.PathLike | None = None) -> Seq2Seq:
-        """Switch this model to the fast decoding path and return it (in eval mode).
+        """Install the fast decoding path as this model's :attr:`accelerator` and return the model (in
+        eval mode).
 
-        On a CPU, the decoder step is exported to ONNX and run by ONNX Runtime (:mod:`hybrid.fast`);
-        ``quantize="int8"`` gives its matrix products int8 weights. On a GPU, ``generate`` replays
-        the step from CUDA graphs (:mod:`hybrid.generation.cuda_graph`). Every path that steps the
-        model uses it: ``generate``, continuous refill and ``hybrid generate``. The export runs at
-        the first step of each rows-per-source (beams). With ``cache_dir`` (by default
-        ``<folder>/fast`` for a model loaded by :meth:`from_pretrained`, nothing for one built in
-        Python), each exported graph is written there, keyed by a digest of the weights and of
-        everything else that shapes it, and a later process with the same weights loads it instead of
-        exporting again; a folder that cannot be written only costs that. The fast step holds a copy of
-        the weights: after changing them, call this again.
+        On a CPU, the decoder step is exported to ONNX and run by ONNX Runtime
+        (:class:`~hybrid.accel.onnx.OnnxAccelerator`); ``quantize="int8"`` gives its matrix products int8
+        weights. On a GPU, the step is captured in CUDA graphs and replayed
+        (:class:`~hybrid.accel.cuda_graph.CUDAGraphAccelerator`). Every path that steps the model uses it:
+        ``generate`` (every strategy), continuous refill and ``hybrid generate``. What it makes is made at
+        the first decode of each shape and kept for every later one. With ``cache_dir`` (by default
+        ``<folder>/fast`` for a model loaded by :meth:`from_pretrained`, nothing for one built in Python),
+        each exported ONNX graph is written there, keyed by a digest of the weights and of everything else
+        that shapes it, and a later process with the same weights loads it instead of exporting again; a
+        folder that cannot be written only costs that. The ONNX graph holds a copy of the weights: after
+        changing them, call this again.
         """
         self.eval()
         device = next(self.parameters()).device
@@ -281,13 +285,11 @@ class Seq2Seq(nn.Module):
             if quantize is not None:
                 raise ValueError("quantize is for the CPU path (ONNX Runtime); on a GPU use a bfloat16 or float16 "
                                  "model, e.g. model.to(torch.bfloat16), with CUDA graphs")
-            self.fast_step, self.cuda_graphs = None, True
+            self.accelerator = CUDAGraphAccelerator(self)
             return self
-        from hybrid.fast import OnnxStep, cache_dir_for
-
         if cache_dir is None and self.pretrained_folder is not None:
             cache_dir = cache_dir_for(self.pretrained_folder)
-        self.fast_step, self.cuda_graphs = OnnxStep(self, quantize, cache_dir), False
+        self.accelerator = OnnxAccelerator(self, quantize, cache_dir)
         return self
 
     # ----- transformers -------------------------------------------------------------

@@ -20,7 +20,7 @@ import torch
 from conftest import MIXER_PATTERNS, TRANSFORMERS_FAMILIES, family_architecture, padded_batch, pattern_id, tiny_model
 
 from hybrid import Seq2Seq
-from hybrid.fast import OnnxStep, cache_dir_for, graph_key, weights_digest
+from hybrid.accel.onnx import OnnxAccelerator, cache_dir_for, graph_key, weights_digest
 from hybrid.generation.refill import RefillDecoder, Source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,14 +95,18 @@ def test_plain_greedy_takes_one_exported_call_per_token(pair):
     eager, fast = pair
     src = padded_batch(LENGTHS, seed=35)
     calls = []
-    original = fast.fast_step.advance
-    fast.fast_step.advance = lambda *args: calls.append(1) or original(*args)
+    original = fast.accelerator.advance
+    fast.accelerator.advance = lambda *args: calls.append(1) or original(*args)
     try:
         out = fast.generate(src, max_new_tokens=12)
     finally:
-        fast.fast_step.advance = original
+        fast.accelerator.advance = original
     assert torch.equal(out, eager.generate(src, max_new_tokens=12))
     assert len(calls) == out.shape[1]  # one call per generated column, nothing else stepped the model
+    # A second decode of the same shape reuses what the first one made: no export, the same bindings.
+    compiled, sessions = dict(fast.accelerator.compiled), dict(fast.accelerator.sessions)
+    assert torch.equal(fast.generate(src, max_new_tokens=12), out)
+    assert fast.accelerator.compiled == compiled and fast.accelerator.sessions == sessions
 
 
 @pytest.mark.parametrize("options", [dict(), dict(do_sample=True, top_k=5), dict(min_new_tokens=4)])
@@ -165,7 +169,7 @@ def test_the_fast_path_refuses_a_model_made_inside_inference_mode():
 def saved(tmp_path_factory):
     """A saved tiny model whose greedy graph one earlier "process" exported into ``<folder>/fast``
     (the only export of the cache tests), and the eager answer it must give."""
-    from hybrid.training import Seq2SeqTokenizer
+    from hybrid.tokenizer import Seq2SeqTokenizer
 
     folder = tmp_path_factory.mktemp("saved")
     tokenizer = Seq2SeqTokenizer.train([ALPHABET], [ALPHABET])
@@ -175,7 +179,7 @@ def saved(tmp_path_factory):
     eager = Seq2Seq.from_pretrained(folder).generate(src, max_new_tokens=8)
     first = Seq2Seq.from_pretrained(folder).optimize_for_inference()
     assert torch.equal(first.generate(src, max_new_tokens=8), eager)
-    assert not first.fast_step.loaded_from_cache
+    assert not first.accelerator.loaded_from_cache
     return folder, src, eager
 
 
@@ -192,7 +196,7 @@ def test_a_model_loaded_again_from_its_folder_loads_the_cached_graph(saved, monk
     refuse_to_export(monkeypatch)
     model = Seq2Seq.from_pretrained(folder).optimize_for_inference()
     assert torch.equal(model.generate(src, max_new_tokens=8), eager)
-    assert model.fast_step.loaded_from_cache == set(model.fast_step.sessions)
+    assert model.accelerator.loaded_from_cache == set(model.accelerator.sessions)
     assert list((folder / "fast").iterdir()) == [cached]
 
 
@@ -232,11 +236,11 @@ def test_a_damaged_cached_graph_is_exported_again_never_used(saved, tmp_path, mo
     cached.write_bytes(graph[: len(graph) // 2])  # cut short, under the name of the whole graph
     exports = []
     # The graph an export would give, without paying for one: what is tested is that it is asked for.
-    monkeypatch.setattr(OnnxStep, "_export", lambda self, key, rules: exports.append(key) or graph)
-    with caplog.at_level(logging.WARNING, logger="hybrid.fast"):
+    monkeypatch.setattr(OnnxAccelerator, "_export", lambda self, key, rules: exports.append(key) or graph)
+    with caplog.at_level(logging.WARNING, logger="hybrid.accel.onnx"):
         model = Seq2Seq.from_pretrained(tmp_path / "model").optimize_for_inference()
         assert torch.equal(model.generate(src, max_new_tokens=8), eager)
-    assert len(exports) == 1 and not model.fast_step.loaded_from_cache
+    assert len(exports) == 1 and not model.accelerator.loaded_from_cache
     assert "is damaged" in caplog.text
     assert cached.read_bytes() == graph  # written whole again for the next process
 
@@ -244,9 +248,9 @@ def test_a_damaged_cached_graph_is_exported_again_never_used(saved, tmp_path, mo
 def test_a_cache_folder_that_cannot_be_written_only_costs_the_export(saved, tmp_path, monkeypatch, caplog):
     folder, src, eager = saved
     [cached] = (folder / "fast").iterdir()
-    monkeypatch.setattr(OnnxStep, "_export", lambda self, key, rules: cached.read_bytes())
+    monkeypatch.setattr(OnnxAccelerator, "_export", lambda self, key, rules: cached.read_bytes())
     (tmp_path / "a-file").write_text("")
-    with caplog.at_level(logging.WARNING, logger="hybrid.fast"):
+    with caplog.at_level(logging.WARNING, logger="hybrid.accel.onnx"):
         model = Seq2Seq.from_pretrained(folder).optimize_for_inference(cache_dir=tmp_path / "a-file")
         assert torch.equal(model.generate(src, max_new_tokens=8), eager)
     assert "cannot cache the fast step" in caplog.text
@@ -256,7 +260,7 @@ def test_a_cache_is_written_beside_a_saved_model_and_nowhere_else(saved, tmp_pat
     folder, _, _ = saved
     assert cache_dir_for(folder) == folder / "fast"
     assert cache_dir_for(tmp_path / "last.ckpt") == tmp_path / "last.ckpt.fast"
-    assert tiny_model(["lstm"]).optimize_for_inference().fast_step.cache_dir is None  # built in Python
+    assert tiny_model(["lstm"]).optimize_for_inference().accelerator.cache_dir is None  # built in Python
 
 
 def test_the_readme_fast_path_runs_on_the_default_install_alone(tmp_path):

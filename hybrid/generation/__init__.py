@@ -1,7 +1,6 @@
 """Generation: greedy, sampling and beam search over any decoding state, with transformers' option names."""
 
 from hybrid.generation.config import GenerationConfig
-from hybrid.generation.cuda_graph import generate_with_cuda_graph
 from hybrid.generation.engine import GenerateOutput, generate
 from hybrid.generation.processors import (
     ForcedBOSTokenLogitsProcessor,
@@ -18,15 +17,15 @@ from hybrid.generation.processors import (
     TopPLogitsWarper,
 )
 from hybrid.generation.rules import DecodingRules
-from hybrid.generation.stopping import EosTokenCriteria, MaxNewTokensCriteria, StoppingCriteriaList
+from hybrid.generation.stopping import EosTokenCriteria, StoppingCriteriaList
 from hybrid.generation.streamers import BaseStreamer, TokenIteratorStreamer, TokenStreamer
 
 __all__ = [
-    "generate", "generate_with_cuda_graph", "GenerationConfig", "GenerateOutput", "DecodingRules",
+    "generate", "GenerationConfig", "GenerateOutput", "DecodingRules",
     "LogitsProcessorList", "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
     "RepetitionPenaltyLogitsProcessor", "NoRepeatNGramLogitsProcessor", "NoBadWordsLogitsProcessor",
     "MinNewTokensLengthLogitsProcessor", "SuppressTokensLogitsProcessor",
     "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor",
-    "StoppingCriteriaList", "MaxNewTokensCriteria", "EosTokenCriteria",
+    "StoppingCriteriaList", "EosTokenCriteria",
     "BaseStreamer", "TokenStreamer", "TokenIteratorStreamer",
 ]

@@ -2,6 +2,9 @@
 
 The strategies only talk to a session (``step``, ``reorder``, ``expand``), so they run
 unchanged over the LSTM state, the KV cache, any future mixer, and the uncached loop.
+A cached session steps the model through its accelerator (:mod:`hybrid.accel`), so every
+strategy runs on the fast path once ``optimize_for_inference`` installed one; plain greedy
+decoding asks the accelerator for whole advances, one call per token where it can.
 Everything per step is a batched tensor operation on the model's device; the host looks
 at the device only to decide whether to drop finished sequences, every
 ``eos_check_interval`` steps.
@@ -17,7 +20,7 @@ from torch import Tensor
 
 from hybrid.generation.config import GenerationConfig, with_model_defaults
 from hybrid.generation.rules import DecodingRules
-from hybrid.generation.sessions import CachedSession, UncachedSession
+from hybrid.generation.sessions import CachedSession, StaticSession, UncachedSession
 from hybrid.generation.stepping import Rows
 from hybrid.inputs import check_length, check_token_ids, source_mask
 
@@ -59,33 +62,28 @@ def generate(model, src_ids: Tensor, src_mask: Tensor | None = None, **options) 
     return decode(model, src_ids, src_mask, GenerationConfig.from_kwargs(**with_model_defaults(model, options)))
 
 
-def _session_class(model, config: GenerationConfig, device: torch.device) -> type:
-    """Where the logits come from: the rerun decoder (``use_cache=False``), a CUDA graph replayed per token
-    (a model on a GPU after ``optimize_for_inference``), or the cached state stepped eagerly (or by the
-    CPU fast path, which ``Seq2Seq.step_unchecked`` runs by itself)."""
+def _session_class(model, config: GenerationConfig) -> type:
+    """Where the logits come from: the rerun decoder (``use_cache=False``), or the cached state stepped by the
+    model's accelerator, in a batch that keeps every row where the accelerator needs one shape (CUDA graphs)."""
     if not config.use_cache:
         return UncachedSession
-    if model.cuda_graphs and device.type == "cuda":
-        from hybrid.generation.cuda_graph import CUDAGraphSession
-
-        return CUDAGraphSession
-    return CachedSession
+    return StaticSession if model.accelerator.keeps_every_row else CachedSession
 
 
 def decode(model, src_ids: Tensor, src_mask: Tensor | None, config: GenerationConfig,
            session_class: type | None = None) -> Tensor | GenerateOutput:
     """:func:`generate` over sessions of ``session_class``, made as ``session_class(model, src_ids,
-    src_mask, max_steps)``: by default the one the model and ``config`` call for; the CUDA-graph loop
-    passes its own, whose batch never shrinks."""
+    src_mask, max_steps)``: by default the one the model and ``config`` call for (the tests pass
+    :class:`StaticSession` to run a CUDA-graph decode's batch, which never shrinks, uncaptured)."""
     model_config = model.config
     src_ids = check_token_ids("src_ids", src_ids, model_config.vocab_size, ndim=2)
     src_mask = source_mask(src_ids, src_mask, model_config.pad_id)
-    session_class = session_class or _session_class(model, config, src_ids.device)
+    session_class = session_class or _session_class(model, config)
     run = _Run(model, config, src_ids)
     session = session_class(model, src_ids, src_mask, run.total_steps)
     if config.num_beams > 1:
         search = _beam_search
-    elif session_class is CachedSession and _one_call_per_token(model, run):
+    elif session_class is not UncachedSession and _one_call_per_token(model, run):
         search = _greedy_rows
     else:
         search = _sample
@@ -193,30 +191,33 @@ def _sample(run: _Run, session) -> GenerateOutput:
 
 
 def _one_call_per_token(model, run: _Run) -> bool:
-    """Whether the fast path can decode this call with one exported call per token: plain greedy decoding
-    whose rules read only lengths, one sequence per source, nothing forced, streamed or returned besides ids."""
+    """Whether the model's accelerator can decode this call with one call per token: plain greedy decoding
+    whose rules it advances in its compiled step, one sequence per source, nothing forced, streamed or
+    returned besides ids."""
     config = run.config
-    fast = model.fast_step
-    return (fast is not None and fast.can_advance(run.rules) and config.decoder_input_ids is None
+    return (model.accelerator.advances(run.rules) and config.decoder_input_ids is None
             and config.num_return_sequences == 1 and config.streamer is None and not config.return_dict_in_generate)
 
 
 def _greedy_rows(run: _Run, session) -> GenerateOutput:
-    """Greedy decoding as rows that the fast path advances in one call per token (``_one_call_per_token``);
-    finished rows leave the batch at each check, as in :func:`_sample`, which it equals token for token."""
-    rules, fast, max_new_tokens = run.rules, session.model.fast_step, run.config.max_new_tokens
+    """Greedy decoding as rows that the accelerator advances in one call per token (``_one_call_per_token``);
+    finished rows leave the batch at each check, as in :func:`_sample`, which it equals token for token,
+    unless the session keeps every row."""
+    rules, accelerator, max_new_tokens = run.rules, session.model.accelerator, run.config.max_new_tokens
     rows = Rows.start(run.sources, max_new_tokens, run.bos_id, run.pad_id, run.device)
     output = rows.outputs.clone()
     index = torch.arange(run.sources, device=run.device)  # original row of each working row
     width = torch.zeros((), dtype=torch.long, device=run.device)  # as in _sample
     for step in range(max_new_tokens):
         width += (~rows.finished).any()
-        fast.advance(rules, session.state, rows)
+        accelerator.advance(rules, session.state, rows)
         if run.is_check_step(step) and bool(rows.finished.any()):
-            output.index_copy_(0, index, rows.outputs)
             keep = (~rows.finished).nonzero().squeeze(1)
             if keep.numel() == 0:
                 break
+            if session.keeps_every_row:
+                continue
+            output.index_copy_(0, index, rows.outputs)
             session.reorder(keep)
             rows, index = rows.select(keep), index[keep]
     output.index_copy_(0, index, rows.outputs)

@@ -8,7 +8,9 @@
   into the freed slot (:meth:`hybrid.state.DecodeState.refill`), so the batch stays full
   instead of draining to its longest member. Every mixer supports it; the attention
   mixer does so through its shape-static step, paying attention over the whole
-  preallocated cache per step (its slots sit at different positions).
+  preallocated cache per step (its slots sit at different positions). The slots step
+  through the model's accelerator (:mod:`hybrid.accel`), as ``generate`` does: on the fast
+  path a greedy step is one call into ONNX Runtime or one CUDA-graph replay.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch import Tensor
 
 from hybrid.generation.config import GenerationConfig, with_model_defaults
 from hybrid.generation.rules import DecodingRules
-from hybrid.generation.stepping import Rows, advance
+from hybrid.generation.stepping import Rows
 
 
 @dataclass
@@ -70,17 +72,16 @@ class RefillDecoder:
 
     It takes :func:`hybrid.generation.generate`'s options, laid over the model's own defaults as there,
     and applies them through the same :class:`~hybrid.generation.rules.DecodingRules`. Rows sit at
-    different positions, so only the rules that declare ``supports_continuous_batching`` can run here:
-    the minimum length, forced BOS and EOS, EOS ids, ``pad_token_id``, ``decoder_start_token_id``, the
-    sampling warpers, one-token bad words, and any processor or
-    stopping criterion that reads no more than the newest token (it is given that column as
-    ``input_ids``). Rules that read a row's history (penalties, n-gram bans, forced prefixes),
-    beam search and several sequences per source are refused, naming them;
-    :meth:`obstacles` tells a caller beforehand, so it can decode those through ``generate``.
+    different positions, so only the rules that declare ``supports_continuous_batching`` can run here,
+    each given the newest column as ``input_ids``; what cannot is refused, naming it, and
+    :meth:`obstacles` tells a caller beforehand, so it can decode those options through ``generate``
+    (both ask :meth:`~hybrid.generation.rules.DecodingRules.continuous_batching_obstacles`).
     Knowing which slots to refill reads the end-of-sequence flags on the host, every
     ``eos_check_interval`` steps (as in ``generate``: by default every step on a CPU, where the
     read is free, and every 8 on a GPU, where it stalls the queue of kernels); rows that finish
-    in between wait for the check.
+    in between wait for the check. Where the accelerator keeps every row (a CUDA graph's fixed
+    batch), slots left empty at the end step on, finished, instead of leaving, and the memory is
+    refilled in place, never trimmed.
     """
 
     def __init__(self, model, slots: int, **options) -> None:
@@ -89,7 +90,7 @@ class RefillDecoder:
         self.model, self.slots = model, slots
         self.config = GenerationConfig.from_kwargs(**with_model_defaults(model, options))
         self.rules = DecodingRules(self.config, model.config)
-        obstacles = _obstacles(self.config, self.rules)
+        obstacles = self.rules.continuous_batching_obstacles()
         if obstacles:
             raise ValueError(f"continuous refill cannot honour {obstacles}: decode these options with "
                              "generate() (hybrid generate does so by itself when refill cannot)")
@@ -98,7 +99,7 @@ class RefillDecoder:
     def obstacles(model, **options) -> list[str]:
         """What of ``generate``'s ``options`` refill cannot do for ``model``, by name; empty when it can."""
         config = GenerationConfig.from_kwargs(**with_model_defaults(model, options))
-        return _obstacles(config, DecodingRules(config, model.config))
+        return DecodingRules(config, model.config).continuous_batching_obstacles()
 
     def next_tokens(self, logits: Tensor, tokens: Tensor, positions: Tensor) -> Tensor:
         """Each row's next token (B,) from its step's ``logits`` (B, vocab), the ``tokens`` just fed (the only
@@ -109,6 +110,7 @@ class RefillDecoder:
     def run(self, batches: Iterable[list[Source]]) -> Iterator[tuple[int, list[int]]]:
         """Decode every source; yields ``(index, ids)`` as each finishes (EOS included, no BOS)."""
         model, config, rules = self.model, self.config, self.rules
+        accelerator = model.accelerator
         device = next(model.parameters()).device
         pad_id, bos_id = model.config.pad_id, rules.bos_id
         incoming = _EncodedSources(model, (source for batch in batches for source in batch), self.slots, device)
@@ -117,25 +119,25 @@ class RefillDecoder:
         if not sources:
             return
         state = model.start(pad_sources(sources, pad_id, device), max_steps=config.max_new_tokens)
-        owners = [source.index for source in sources]  # which input each slot decodes
+        owners = [source.index for source in sources]  # which input each slot decodes; None: an empty slot
         source_lengths = [len(source.ids) for source in sources]  # on the host: how long the memory must be
         rows = Rows.start(len(sources), config.max_new_tokens, bos_id, rules.pad_id, device)
-        step_rows = _stepper(model, rules)
         interval = config.check_interval(device)
         step = 0
-        while len(owners):
-            step_rows(state, rows)
+        while any(owner is not None for owner in owners):
+            accelerator.advance(rules, state, rows)
             step += 1
             if step % interval:
                 continue
-            done = rows.finished.nonzero().flatten().tolist()  # the only host read, every `interval` steps
+            # The only host read, every `interval` steps; an empty slot stays finished.
+            done = [row for row in rows.finished.nonzero().flatten().tolist() if owners[row] is not None]
             if not done:
                 continue
             index = torch.tensor(done, dtype=torch.long, device=device)
             for row, ids, generated in zip(done, rows.outputs[index].tolist(), rows.positions[index].tolist(),
                                            strict=True):
                 yield owners[row], ids[:generated]
-                source_lengths[row] = 0
+                owners[row], source_lengths[row] = None, 0
             free = done
             while free and (taken := incoming.take(len(free))) is not None:
                 sources, fresh, fresh_rows = taken
@@ -143,10 +145,12 @@ class RefillDecoder:
                 for row, source in zip(slots, sources, strict=True):
                     owners[row], source_lengths[row] = source.index, len(source.ids)
                 index = torch.tensor(slots, dtype=torch.long, device=device)
-                state.refill(index, fresh, fresh_rows, source_length=max(source_lengths))
+                # A fixed batch keeps its memory's length, so that the refill writes in place.
+                length = None if accelerator.keeps_every_row else max(source_lengths)
+                state.refill(index, fresh, fresh_rows, source_length=length)
                 rows.restart(index, bos_id, rules.pad_id)
-            if free:  # nothing left to read: the batch shrinks
-                keep = [row for row in range(len(owners)) if row not in set(free)]
+            if free and not accelerator.keeps_every_row:  # nothing left to read: the batch shrinks
+                keep = [row for row, owner in enumerate(owners) if owner is not None]
                 index = torch.tensor(keep, dtype=torch.long, device=device)
                 state.reorder(index)
                 owners = [owners[row] for row in keep]
@@ -154,26 +158,6 @@ class RefillDecoder:
                 rows = rows.select(index)
                 if owners:
                     state.trim_source(max(source_lengths))
-
-
-def _stepper(model, rules: DecodingRules):
-    """One step of every row: the fast path's single exported call when the model has one that can run
-    these rules, else :func:`advance` over the model's step."""
-    fast = model.fast_step
-    if fast is not None and fast.can_advance(rules):
-        return lambda state, rows: fast.advance(rules, state, rows)
-    return lambda state, rows: advance(model.step_unchecked, rules, state, rows)
-
-
-def _obstacles(config: GenerationConfig, rules: DecodingRules) -> list[str]:
-    """The decoding rules that say they cannot run on rows at different positions, and what only
-    ``generate``'s strategies do."""
-    strategy = {"num_beams > 1 (beam search)": config.num_beams > 1,
-                "num_return_sequences > 1": config.num_return_sequences > 1,
-                "streamer": config.streamer is not None,
-                "return_dict_in_generate": config.return_dict_in_generate,
-                "use_cache=False": not config.use_cache}
-    return [name for name, present in strategy.items() if present] + rules.continuous_batching_obstacles()
 
 
 class _EncodedSources:

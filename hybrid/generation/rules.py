@@ -2,7 +2,7 @@
 
 Every decoding path builds one :class:`DecodingRules` from a :class:`GenerationConfig` and applies
 it the same way: ``generate``'s greedy, sampling and beam search, continuous refill
-(:mod:`hybrid.generation.refill`) and the CUDA-graph loop (:mod:`hybrid.generation.cuda_graph`).
+(:mod:`hybrid.generation.refill`) and the accelerators' compiled steps (:mod:`hybrid.accel`).
 The rules follow transformers' ``generate()`` wherever the option names are transformers':
 
 - **The options** are the model's own generation defaults (``model.generation_config``, from its
@@ -39,7 +39,9 @@ The rules follow transformers' ``generate()`` wherever the option names are tran
   stopping criteria do not apply to it. A step where every row is forced skips the processor chain
   and the criteria altogether, so they first see a row after its prefix, as with transformers'
   prompt.
-- **A sequence ends** with any id of ``eos_ids``, at ``max_new_tokens`` generated tokens, or when a
+- **A sequence ends** with any id of ``eos_ids`` (transformers' ``EosTokenCriteria``, as its ``generate``
+  adds it), at ``max_new_tokens`` generated tokens (each row's own count, which a criterion that counts
+  the columns of ``input_ids`` cannot give where rows have forced prefixes or were refilled), or when a
   stopping criterion says so; criteria see only generated tokens (``input_ids`` ends with one).
 - **A row left with no allowed token ends.** After a chain that can ban tokens at will (the user's
   processors, bad words, n-grams), a NaN score counts as banned, +inf as the largest float, and a
@@ -55,9 +57,10 @@ The rules follow transformers' ``generate()`` wherever the option names are tran
 Each rule declares whether continuous batching can honour it, with transformers' per-processor
 flag ``supports_continuous_batching``: refill's rows sit at different positions, so it can run only
 rules that read the scores, at most the newest column of ``input_ids`` and each row's own count of
-generated tokens (the minimum length, the forced BOS and EOS).
-:meth:`DecodingRules.continuous_batching_obstacles` reads those flags; there is no list of options
-beside them.
+generated tokens (the minimum length, the forced BOS and EOS). :meth:`DecodingRules.continuous_batching_obstacles`
+is the one place that asks (through :func:`~hybrid.generation.processors.continuous_batching_support`),
+for every processor and criterion and for what only ``generate``'s strategies do; refill and every
+other caller ask it.
 """
 
 from __future__ import annotations
@@ -84,9 +87,10 @@ from hybrid.generation.processors import (
     TopPLogitsWarper,
     _TokenMask,
     ban_end_of_sequence_while_short,
+    continuous_batching_support,
     force_tokens_where,
 )
-from hybrid.generation.stopping import StoppingCriteriaList
+from hybrid.generation.stopping import EosTokenCriteria, StoppingCriteriaList
 from hybrid.inputs import check_token_ids
 
 _SUPPRESSED = "padding and the decoder start, never generated"
@@ -101,7 +105,7 @@ class _Processor:
 
     @property
     def supports_continuous_batching(self) -> bool | None:
-        return getattr(self.processor, "supports_continuous_batching", None)
+        return continuous_batching_support([self.processor])
 
     def __call__(self, input_ids: Tensor, scores: Tensor, generated: Tensor) -> Tensor:
         result = self.processor(input_ids, scores)
@@ -177,6 +181,8 @@ class DecodingRules:
 
     ``process`` runs the processor chain; ``force`` applies a forced prefix; ``ends`` and
     ``stops`` say which rows are done; ``choose`` picks tokens (argmax, or a sample).
+    ``min_new_tokens`` and ``max_new_tokens`` are the length limits, which an accelerator's compiled
+    greedy advance takes as inputs (:meth:`with_length_limits`).
     """
 
     def __init__(self, config: GenerationConfig, model_config) -> None:
@@ -186,7 +192,8 @@ class DecodingRules:
         self.eos_ids = config.eos_ids(model_config)
         self.pad_id = _pad_id(config, model_config)
         self.forced_bos_id, self.forced_eos_ids = config.forced_ids(model_config)
-        self.max_new_tokens = config.max_new_tokens
+        self.min_new_tokens, self.max_new_tokens = config.min_new_tokens, config.max_new_tokens
+        self.end_of_sequence = EosTokenCriteria(self.eos_ids)
         # An id may be both the decoder start and padding (Marian, T5) or EOS (BART, mBART, NLLB): EOS is
         # never banned, so that a row can end.
         standing_ban = sorted({model_config.pad_id, self.pad_id, self.bos_id} - set(self.eos_ids))
@@ -207,13 +214,7 @@ class DecodingRules:
         self.can_ban_every_token = not all(isinstance(rule, _LENGTH_RULES) or rule.name == _SUPPRESSED
                                            for rule in self.chain)
         self.stopping = StoppingCriteriaList(config.stopping_criteria or [])
-        self._eos: dict[torch.device, Tensor] = {}  # built once per device: a copy to a GPU syncs with it
         self._end_rows: dict[tuple[torch.device, int], Tensor] = {}
-
-    def eos_tensor(self, device: torch.device) -> Tensor:
-        if device not in self._eos:
-            self._eos[device] = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
-        return self._eos[device]
 
     def process(self, input_ids: Tensor, scores: Tensor, generated: Tensor) -> Tensor:
         """The next-token scores (rows, vocab) after every processor, in transformers' order.
@@ -234,7 +235,7 @@ class DecodingRules:
         key = (scores.device, scores.shape[-1])
         if key not in self._end_rows:
             end = torch.full((scores.shape[-1],), float("-inf"), device=scores.device)
-            self._end_rows[key] = end.index_fill_(0, self.eos_tensor(scores.device)[:1], 0.0)
+            self._end_rows[key] = end.index_fill_(0, self.end_of_sequence.ids_on(scores.device)[:1], 0.0)
         no_allowed_token = (scores == float("-inf")).all(dim=-1, keepdim=True)  # (rows, 1)
         return torch.where(no_allowed_token, self._end_rows[key].to(scores.dtype), scores)
 
@@ -249,10 +250,9 @@ class DecodingRules:
         return torch.where(forced[:, None], one_hot, scores), forced
 
     def ends(self, tokens: Tensor, generated: Tensor) -> Tensor:
-        """Rows that end with ``tokens``: an EOS id, or the ``generated`` count (these tokens included)
-        reaching ``max_new_tokens``. Any shape; ``generated`` broadcasts against ``tokens``."""
-        is_eos = (tokens[..., None] == self.eos_tensor(tokens.device)).any(dim=-1)  # isin, in ops every exporter has
-        return is_eos | (generated >= self.max_new_tokens)
+        """Rows that end with ``tokens``: an EOS id (:attr:`end_of_sequence`), or the ``generated`` count
+        (these tokens included) reaching ``max_new_tokens``. Any shape; ``generated`` broadcasts against it."""
+        return self.end_of_sequence.ends(tokens) | (generated >= self.max_new_tokens)
 
     def stops(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         """The user's stopping criteria (rows,) on ``input_ids`` that end with a generated token."""
@@ -269,7 +269,7 @@ class DecodingRules:
         """These rules with other length limits, ints or 0-d tensors: the fast path exports the rules once
         with the limits as inputs of the graph, so one export serves every ``max_new_tokens``."""
         rules = copy.copy(self)
-        rules.max_new_tokens = max_new_tokens
+        rules.min_new_tokens, rules.max_new_tokens = min_new_tokens, max_new_tokens
         rules.chain = [_ForcedEOS(max_new_tokens, rule.token_ids) if isinstance(rule, _ForcedEOS) else rule
                        for rule in self.chain if not isinstance(rule, _MinNewTokens)]
         rules.chain.insert(self._min_length_slot(), _MinNewTokens(min_new_tokens, self.eos_ids))
@@ -297,12 +297,20 @@ class DecodingRules:
         return not self.can_ban_every_token and not self.config.do_sample and not self.stopping
 
     def continuous_batching_obstacles(self) -> list[str]:
-        """The rules that rows at different positions cannot honour, by name; empty when refill can run."""
-        obstacles = [rule.name for rule in self.chain if rule.supports_continuous_batching is not True]
+        """What of these options rows at different positions (continuous refill) cannot honour, by name; empty
+        when refill can run them. Every processor and criterion says so itself (``supports_continuous_batching``);
+        the rest is what only ``generate``'s strategies do."""
+        config = self.config
+        strategy = {"num_beams > 1 (beam search)": config.num_beams > 1,
+                    "num_return_sequences > 1": config.num_return_sequences > 1,
+                    "streamer": config.streamer is not None,
+                    "return_dict_in_generate": config.return_dict_in_generate,
+                    "use_cache=False": not config.use_cache,
+                    "decoder_input_ids (a forced prefix per row)": config.decoder_input_ids is not None}
+        obstacles = [name for name, present in strategy.items() if present]
+        obstacles += [rule.name for rule in self.chain if continuous_batching_support([rule]) is not True]
         obstacles += [f"stopping_criteria ({type(criterion).__name__})" for criterion in self.stopping
-                      if getattr(criterion, "supports_continuous_batching", None) is not True]
-        if self.config.decoder_input_ids is not None:
-            obstacles.append("decoder_input_ids (a forced prefix per row)")
+                      if continuous_batching_support([criterion]) is not True]
         return obstacles
 
     def forced_prefix(self, sources: int, device: torch.device) -> tuple[Tensor, Tensor, int]:

@@ -2,12 +2,13 @@
 
 Every search strategy talks only to a session: ``step(tokens) -> logits``,
 ``reorder(index)`` and ``expand(group_size)``. The cached session drives the
-preallocated :class:`DecodeState` (any mixer); the uncached one reruns the decoder over
-the whole prefix at every step, which is the crude loop that the fast path is checked
-and benchmarked against; the static one steps a batch that never shrinks with the
-position on the device, the step that :mod:`hybrid.generation.cuda_graph` captures.
-A session whose ``keeps_every_row`` is True cannot drop rows: finished rows step on,
-fed padding, until every row is done.
+preallocated :class:`DecodeState` (any mixer) through the model's accelerator
+(:mod:`hybrid.accel`); the uncached one reruns the decoder over the whole prefix at
+every step, which is the crude loop that the fast path is checked and benchmarked
+against; the static one steps a batch that never shrinks with the position on the
+device, what an accelerator that keeps every row (CUDA graphs,
+:mod:`hybrid.accel.cuda_graph`) replays. A session whose ``keeps_every_row`` is True
+cannot drop rows: finished rows step on, fed padding, until every row is done.
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ class StaticSession:
     """A batch that keeps every row, stepped with the position on the device (a 0-d tensor).
 
     No shape or host value changes from one step to the next, so the step can be captured once
-    in a CUDA graph and replayed (:class:`hybrid.generation.cuda_graph.CUDAGraphSession`); on
-    its own it is the same computation, uncaptured, which is how the CPU tests check it.
+    in a CUDA graph and replayed (:class:`hybrid.accel.cuda_graph.CUDAGraphAccelerator`); with the
+    eager step it is the same computation, uncaptured, which is how the CPU tests check it.
     """
 
     keeps_every_row = True

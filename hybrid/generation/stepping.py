@@ -1,9 +1,9 @@
 """One decoding step over rows that each sit at their own position: feed, choose, record, advance.
 
 Continuous refill steps its slots with :func:`advance`, and so does ``generate``'s plain greedy
-decoding on the fast path, where the whole function is exported with the decoder step into one
-ONNX graph (:meth:`hybrid.fast.OnnxStep.advance`): a token then costs one call into ONNX Runtime
-and no Python work. Either way the choice goes through :class:`~hybrid.generation.rules.DecodingRules`.
+decoding on the fast path, where an accelerator compiles the whole function with the decoder step
+(:meth:`hybrid.accel.Accelerator.advance`: one ONNX graph, or one CUDA graph): a token then costs one
+call and no Python work. Either way the choice goes through :class:`~hybrid.generation.rules.DecodingRules`.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ class Rows:
 def advance(step: Callable[[Tensor, object, Tensor], Tensor], rules, state, rows: Rows) -> Tensor:
     """Step every row once, in place, and return the processed scores (B, vocab).
 
-    Each row feeds its token at its own position (``step`` is ``Seq2Seq.step_unchecked`` or the
-    function the fast path exports), its next token is chosen by ``rules``, written at its
+    Each row feeds its token at its own position (``step`` is an accelerator's step or the eager
+    step an accelerator compiles), its next token is chosen by ``rules``, written at its
     position in ``rows.outputs``, and the rows that end are marked. A finished row takes padding
     and keeps its position (below the state's capacity) until its caller drops or refills it.
     """

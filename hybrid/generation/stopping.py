@@ -6,6 +6,11 @@ BOS column first. As with the logits processors, nothing here reads a tensor bac
 checking whether to stop never waits on the device; the search strategy decides when to look.
 Like the processors, each criterion declares `supports_continuous_batching`: True when it reads only
 the newest column of `input_ids`, which is all that continuous refill can give it.
+
+No criterion here counts lengths: `max_new_tokens` counts each row's own tokens, after its forced prefix
+or since its refill, which the columns of `input_ids` cannot tell, so the decoding rules apply it
+(`DecodingRules.ends`), beside the `EosTokenCriteria` they end every row with. (transformers 5 has no
+`MaxNewTokensCriteria` either.)
 """
 
 from collections.abc import Callable
@@ -13,47 +18,40 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .processors import _check_int, _check_token_ids, continuous_batching_support
+from hybrid.generation.processors import continuous_batching_support
+from hybrid.validators import check_token_ids
 
 StoppingCriterion = Callable[[Tensor, Tensor], Tensor | bool]
-
-
-class MaxNewTokensCriteria:
-    """Stop every sequence once `max_new_tokens` tokens have been generated.
-
-    The count of new tokens is `input_ids.shape[1] - start_length`; an encoder-decoder passes
-    start_length=1 to skip the BOS column. Both arguments must be ints >= 0.
-    """
-
-    supports_continuous_batching = False  # counts columns, and refill's rows sit at different positions
-
-    def __init__(self, start_length: int, max_new_tokens: int) -> None:
-        self.start_length = _check_int("start_length", start_length, 0)
-        self.max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 0)
-
-    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        is_done = input_ids.shape[1] - self.start_length >= self.max_new_tokens
-        return torch.full((input_ids.shape[0],), is_done, dtype=torch.bool, device=input_ids.device)
 
 
 class EosTokenCriteria:
     """Stop the sequences whose last token is an end-of-sequence id.
 
-    `eos_token_id` is an id or a non-empty list of ids, any of which ends a sequence.
+    `eos_token_id` is an id or a non-empty list of ids, any of which ends a sequence. Every decoding path
+    ends its rows with one (:meth:`hybrid.generation.rules.DecodingRules.ends`), as transformers' `generate`
+    adds one to its criteria.
     """
 
     supports_continuous_batching = True  # reads the newest column only
 
     def __init__(self, eos_token_id: int | list[int]) -> None:
-        self.eos_token_id = _check_token_ids("eos_token_id", eos_token_id)
+        self.eos_token_id = check_token_ids("eos_token_id", eos_token_id)
         # Built once per device: copying a list to an accelerator would synchronise with it every step.
         self._eos_ids: dict[torch.device, Tensor] = {}
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        device = input_ids.device
+        return self.ends(input_ids[:, -1])
+
+    def ends(self, tokens: Tensor) -> Tensor:
+        """Which of ``tokens`` (any shape) are an end-of-sequence id, as bools of the same shape."""
+        # isin, written in the ops that every exporter has (the fast path traces it into its graphs)
+        return (tokens[..., None] == self.ids_on(tokens.device)).any(dim=-1)
+
+    def ids_on(self, device: torch.device) -> Tensor:
+        """The end-of-sequence ids as a tensor on ``device``, made once per device."""
         if device not in self._eos_ids:
             self._eos_ids[device] = torch.tensor(self.eos_token_id, dtype=torch.long, device=device)
-        return torch.isin(input_ids[:, -1], self._eos_ids[device])
+        return self._eos_ids[device]
 
 
 class StoppingCriteriaList(list[StoppingCriterion]):

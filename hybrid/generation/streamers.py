@@ -6,14 +6,13 @@ Hugging Face transformers, whose `generate` puts the prompt first, so its `TextS
 would drop our first token.
 """
 
-import math
 import queue
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 
 from torch import Tensor
 
-from .processors import _check_float
+from hybrid.validators import check_float
 
 
 def _check_step_tokens(token_ids: Tensor) -> None:
@@ -75,11 +74,7 @@ class TokenIteratorStreamer(BaseStreamer):
     _END = object()
 
     def __init__(self, timeout: float | None = None) -> None:
-        self.timeout = (
-            None
-            if timeout is None
-            else _check_float("timeout", timeout, "None or a finite float > 0", lambda v: 0 < v < math.inf)
-        )
+        self.timeout = check_float("timeout", timeout, above=0, optional=True)
         self._queue: queue.Queue[object] = queue.Queue()
 
     def put(self, token_ids: Tensor) -> None:

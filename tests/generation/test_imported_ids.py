@@ -180,13 +180,13 @@ def test_the_fast_greedy_graph_runs_forced_tokens_and_keeps_one_graph_per_forced
             expected = generate(eager, src, max_new_tokens=max_new_tokens, min_new_tokens=3, **options)
             assert torch.equal(generate(fast, src, max_new_tokens=max_new_tokens, min_new_tokens=3, **options),
                                expected)
-    assert len([key for key in fast.fast_step.sessions if isinstance(key, tuple)]) == 2
+    assert len([key for key in fast.accelerator.sessions if isinstance(key, tuple)]) == 2
 
 
 @pytest.mark.parametrize("refill", [True, False], ids=["refill", "batched"])
 def test_a_bulk_job_starts_from_the_models_generation_defaults(refill):
-    from hybrid.inference import BulkJob, decode_shard, job_fingerprint
-    from hybrid.training import Seq2SeqTokenizer
+    from hybrid.bulk import BulkJob, decode_shard, job_fingerprint
+    from hybrid.tokenizer import Seq2SeqTokenizer
 
     alphabet = "abcdefghij"
     tokenizer = Seq2SeqTokenizer.train([alphabet], [alphabet])
@@ -194,8 +194,8 @@ def test_a_bulk_job_starts_from_the_models_generation_defaults(refill):
     plain = copy.deepcopy(model)
     model.generation_config = {"max_new_tokens": 3, "forced_bos_token_id": 5}
     texts = ["abc", "j", "hgfedcba", "ceg", "ii"]
-    job = BulkJob(generation={"min_new_tokens": 1}, refill=refill, max_tokens=12)
-    explicit = BulkJob(generation={"min_new_tokens": 1, "max_new_tokens": 3, "forced_bos_token_id": 5},
-                       refill=refill, max_tokens=12)
+    job = BulkJob.for_model(model, {"min_new_tokens": 1}, refill=refill, max_tokens=12)
+    explicit = BulkJob.for_model(plain, {"min_new_tokens": 1, "max_new_tokens": 3, "forced_bos_token_id": 5},
+                                 refill=refill, max_tokens=12)
     assert decode_shard(model, tokenizer, texts, job) == decode_shard(plain, tokenizer, texts, explicit)
     assert job_fingerprint(job, model, tokenizer, None) != job_fingerprint(job, plain, tokenizer, None)

@@ -7,7 +7,7 @@ import torch
 from conftest import TRANSFORMERS_FAMILIES, family_architecture, tiny_model
 
 from hybrid import MIXERS
-from hybrid.generation import EosTokenCriteria, MaxNewTokensCriteria, SuppressTokensLogitsProcessor
+from hybrid.generation import EosTokenCriteria, SuppressTokensLogitsProcessor
 from hybrid.generation.refill import RefillDecoder, Source, bucketed_batches
 
 
@@ -87,6 +87,15 @@ def test_refill_lets_your_own_suppress_tokens_lift_the_ban_on_padding_and_bos():
         assert set(results[source.index][:2]) <= {model.config.pad_id, model.config.bos_id}
 
 
+class CountsColumns:
+    """A stopping criterion that reads the length of ``input_ids``, which refill's rows do not share."""
+
+    supports_continuous_batching = False
+
+    def __call__(self, input_ids, scores):
+        return torch.full((input_ids.shape[0],), input_ids.shape[1] > 3)
+
+
 @pytest.mark.parametrize("options, named", [
     (dict(num_beams=2), "num_beams"),
     (dict(do_sample=True, num_return_sequences=2), "num_return_sequences"),
@@ -94,7 +103,7 @@ def test_refill_lets_your_own_suppress_tokens_lift_the_ban_on_padding_and_bos():
     (dict(no_repeat_ngram_size=2), "no_repeat_ngram_size"),
     (dict(bad_words_ids=[[5, 6]]), "bad_words_ids"),
     (dict(logits_processor=[lambda input_ids, scores: scores]), "logits_processor"),
-    (dict(stopping_criteria=[MaxNewTokensCriteria(1, 3)]), "MaxNewTokensCriteria"),
+    (dict(stopping_criteria=[CountsColumns()]), "CountsColumns"),
     (dict(decoder_input_ids=torch.tensor([[1, 5]])), "decoder_input_ids"),
     (dict(use_cache=False), "use_cache"),
 ])

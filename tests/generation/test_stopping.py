@@ -3,23 +3,12 @@
 import pytest
 import torch
 
-from hybrid.generation.stopping import EosTokenCriteria, MaxNewTokensCriteria, StoppingCriteriaList
+from hybrid.generation.stopping import EosTokenCriteria, StoppingCriteriaList
 
 
 def random_ids(seed: int, batch: int, length: int, vocab: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (batch, length), generator=generator)
-
-
-@pytest.mark.parametrize("start_length", [0, 1, 3])
-@pytest.mark.parametrize("max_new_tokens", [0, 1, 4])
-def test_max_new_tokens(start_length: int, max_new_tokens: int) -> None:
-    criterion = MaxNewTokensCriteria(start_length, max_new_tokens)
-    for length in range(1, 9):
-        is_done = criterion(random_ids(length, 3, length, 10), torch.zeros(3, 10))
-        expected = [length - start_length >= max_new_tokens] * 3
-        assert is_done.dtype == torch.bool
-        assert is_done.tolist() == expected
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -31,6 +20,8 @@ def test_eos_token(seed: int, eos_token_id: int | list[int]) -> None:
         input_ids = random_ids(seed + length, 8, length, 5)
         expected = [ids[-1] in eos_ids for ids in input_ids.tolist()]
         assert criterion(input_ids, torch.zeros(8, 5)).tolist() == expected
+        # The decoding rules end rows with it on tokens of any shape (beam search's candidates).
+        assert criterion.ends(input_ids.view(2, 4, length)[..., -1]).flatten().tolist() == expected
 
 
 def test_list_ors_every_kind_of_answer() -> None:
@@ -41,7 +32,7 @@ def test_list_ors_every_kind_of_answer() -> None:
     assert StoppingCriteriaList([eos])(input_ids, scores).tolist() == [False, True, False]
     for whole_batch in (lambda i, s: False, lambda i, s: torch.tensor(False)):
         assert StoppingCriteriaList([eos, whole_batch])(input_ids, scores).tolist() == [False, True, False]
-    for whole_batch in (lambda i, s: True, lambda i, s: torch.tensor(True), MaxNewTokensCriteria(1, 1)):
+    for whole_batch in (lambda i, s: True, lambda i, s: torch.tensor(True)):
         is_done = StoppingCriteriaList([eos, whole_batch])(input_ids, scores)
         assert is_done.dtype == torch.bool and is_done.tolist() == [True, True, True]
     last_row = StoppingCriteriaList([eos, lambda i, s: torch.tensor([False, False, True])])(input_ids, scores)
@@ -78,7 +69,7 @@ def test_criteria_never_read_values_back_to_the_host() -> None:
     # Meta tensors have shapes but no data, so any .item(), .tolist() or `if tensor:` would raise.
     input_ids = torch.zeros(3, 6, dtype=torch.long, device="meta")
     scores = torch.zeros(3, 10, device="meta")
-    criteria = StoppingCriteriaList([MaxNewTokensCriteria(1, 3), EosTokenCriteria([2, 3]), lambda i, s: True])
+    criteria = StoppingCriteriaList([EosTokenCriteria([2, 3]), lambda i, s: True])
     is_done = criteria(input_ids, scores)
     assert is_done.shape == (3,) and is_done.device.type == "meta"
 
@@ -86,9 +77,6 @@ def test_criteria_never_read_values_back_to_the_host() -> None:
 @pytest.mark.parametrize(
     "make, argument",
     [
-        (lambda: MaxNewTokensCriteria(-1, 5), "start_length"),
-        (lambda: MaxNewTokensCriteria(1, -5), "max_new_tokens"),
-        (lambda: MaxNewTokensCriteria(1, 2.5), "max_new_tokens"),
         (lambda: EosTokenCriteria([]), "eos_token_id"),
         (lambda: EosTokenCriteria(-1), "eos_token_id"),
         (lambda: EosTokenCriteria("2"), "eos_token_id"),

@@ -1,11 +1,12 @@
-"""The fast inference path: one decoder step, for any mix of mixers, run with the least work per token.
+"""The fast path on a CPU: the decoder step exported to ONNX and run by ONNX Runtime, for any mix of mixers.
 
 At batch 1 a step of this model is a few dozen small matrix-vector products, and PyTorch's eager
 dispatch (a few microseconds per op, ~100 ops) costs as much as the arithmetic. The measured routes
 (``results/fast-routes/``) put ONNX Runtime ahead on a CPU, so :meth:`hybrid.Seq2Seq.optimize_for_inference`
-exports the step, exactly as ``Seq2Seq.step_unchecked`` computes it, to ONNX with ``torch.onnx.export``
-and runs it with ONNX Runtime (optionally with int8 weights, by ONNX Runtime's dynamic quantization).
-On a GPU the step is instead captured in a CUDA graph and replayed (:mod:`hybrid.generation.cuda_graph`).
+installs :class:`OnnxAccelerator`, which exports the step, exactly as ``Seq2Seq.eager_step`` computes it,
+to ONNX with ``torch.onnx.export`` and runs it with ONNX Runtime (optionally with int8 weights, by ONNX
+Runtime's dynamic quantization). On a GPU the same interface replays CUDA graphs instead
+(:mod:`hybrid.accel.cuda_graph`).
 
 Nothing here is specific to a mixer: the export sees every state tensor of every layer
 (:meth:`hybrid.mixers.MixerState.tensors`), binds it as an input and its updated value as an output
@@ -13,8 +14,8 @@ at the same address, so the state is updated in place as in the eager step, and 
 steps the model (``generate``, continuous refill, ``hybrid generate``) runs the fast step unchanged.
 A graph is exported once per rows-per-source (beams share a source), with the batch, source length
 and capacity left dynamic, so it serves every later shape; the time it took is kept in
-:attr:`OnnxStep.export_seconds`. Given a cache folder (``optimize_for_inference(cache_dir=...)``, by
-default ``<folder>/fast`` for a model from ``from_pretrained``), each exported graph is also written
+:attr:`OnnxAccelerator.export_seconds`. Given a cache folder (``optimize_for_inference(cache_dir=...)``,
+by default ``<folder>/fast`` for a model from ``from_pretrained``), each exported graph is also written
 there under a name made from everything that shapes it (:func:`graph_key`), so a later process loads
 it in a fraction of a second instead of exporting again.
 """
@@ -22,7 +23,6 @@ it in a fraction of a second instead of exporting again.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -37,7 +37,16 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from hybrid.accel import (
+    Accelerator,
+    assign_state_tensors,
+    mixer_tensors,
+    shape_key,
+    state_tensors,
+)
 from hybrid.files import write_atomically
+from hybrid.generation.stepping import Rows, advance
+from hybrid.state import DecodeState
 
 logger = logging.getLogger(__name__)
 
@@ -50,24 +59,20 @@ _NUMPY_TYPES = {torch.float32: "float32", torch.int64: "int64", torch.bool: "boo
 
 
 class _StepGraph(nn.Module):
-    """``model.step_unchecked`` as a function of tensors alone, the form an exporter can trace.
+    """``model.eager_step`` as a function of tensors alone, the form an exporter can trace.
 
-    Inputs: the fed tokens (B,), each row's position (B,), the memory mask, then every layer's
-    cross-attention keys, values and mixer state tensors. Outputs: the logits and the updated state.
+    Inputs: the fed tokens (B,), each row's position (B,), then the state's tensors in
+    :func:`~hybrid.accel.state_tensors`' order. Outputs: the logits and the updated mixer state.
     """
 
-    def __init__(self, model, template) -> None:
+    def __init__(self, model, template: DecodeState) -> None:
         super().__init__()
         self.model, self.template = model, template
 
     def forward(self, tokens: Tensor, positions: Tensor, memory_mask: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
-        state = self.template
-        layers = len(state.mixer_states)
-        state.memory_mask = memory_mask
-        state.cross_keys, state.cross_values = list(tensors[:layers]), list(tensors[layers:2 * layers])
-        _assign_mixer_tensors(state, tensors[2 * layers:])
-        logits = self.model._eager_step(tokens, state, positions)
-        return (logits, *_mixer_tensors(state))
+        assign_state_tensors(self.template, [memory_mask, *tensors])
+        logits = self.model.eager_step(tokens, self.template, positions)
+        return (logits, *mixer_tensors(self.template))
 
 
 class _AdvanceGraph(nn.Module):
@@ -78,49 +83,33 @@ class _AdvanceGraph(nn.Module):
     tokens, the next positions, finished flags and outputs, and the updated mixer state.
     """
 
-    def __init__(self, model, rules, template) -> None:
+    def __init__(self, model, rules, template: DecodeState) -> None:
         super().__init__()
         self.model, self.rules, self.template = model, rules, template
 
     def forward(self, tokens: Tensor, positions: Tensor, finished: Tensor, outputs: Tensor, min_new_tokens: Tensor,
                 max_new_tokens: Tensor, memory_mask: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
-        from hybrid.generation.stepping import Rows, advance
-
-        state = self.template
-        layers = len(state.mixer_states)
-        state.memory_mask = memory_mask
-        state.cross_keys, state.cross_values = list(tensors[:layers]), list(tensors[layers:2 * layers])
-        _assign_mixer_tensors(state, tensors[2 * layers:])
+        assign_state_tensors(self.template, [memory_mask, *tensors])
         rows = Rows(tokens, positions, finished, outputs)
-        advance(self.model._eager_step, self.rules.with_length_limits(min_new_tokens, max_new_tokens), state, rows)
-        return (rows.tokens, rows.positions, rows.finished, rows.outputs, *_mixer_tensors(state))
+        advance(self.model.eager_step, self.rules.with_length_limits(min_new_tokens, max_new_tokens), self.template,
+                rows)
+        return (rows.tokens, rows.positions, rows.finished, rows.outputs, *mixer_tensors(self.template))
 
 
-def _mixer_tensors(state) -> list[Tensor]:
-    return [tensor for mixer_state in state.mixer_states for tensor in mixer_state.tensors()]
-
-
-def _assign_mixer_tensors(state, tensors) -> None:
-    index = 0
-    for mixer_state in state.mixer_states:
-        for field in dataclasses.fields(mixer_state):
-            setattr(mixer_state, field.name, tensors[index])
-            index += 1
-
-
-def _state_inputs(state) -> list[Tensor]:
-    """Every tensor of a DecodeState in the graph's input order (after tokens and positions)."""
-    return [state.memory_mask, *state.cross_keys, *state.cross_values, *_mixer_tensors(state)]
-
-
-class OnnxStep:
-    """The decoder step of one model run by ONNX Runtime: one session per rows-per-source, state bound in place.
+class OnnxAccelerator(Accelerator):
+    """The decoder step of one model run by ONNX Runtime, the state bound in place (see the module's docstring).
 
     ``quantize="int8"`` quantizes the weights of every matrix product to int8 (ONNX Runtime's
     ``quantize_dynamic``: int8 weights, activations quantized per call). The exported graph holds
     a copy of the weights: :meth:`check_weights` (called by ``Seq2Seq.start``) refuses to run
     after they have changed. With a ``cache_dir``, each graph is read from it when a process has
     exported it before (its key in :attr:`loaded_from_cache`), else exported and written there.
+
+    :attr:`sessions` holds an ONNX Runtime session per exported graph, whose rows and capacity are
+    dynamic: the step's, per rows-per-source, and the greedy advance's, per rows-per-source and rules
+    (:attr:`~hybrid.generation.rules.DecodingRules.graph_signature`). :attr:`compiled` holds a session's
+    binding per (rows, rows per source, capacity): its token, position and logits buffers, bound with a
+    state's tensors by address, and bound again only when a state brings other tensors.
     """
 
     def __init__(self, model, quantize: str | None = None, cache_dir: str | os.PathLike | None = None) -> None:
@@ -140,15 +129,15 @@ class OnnxStep:
             raise ValueError("the model's parameters are inference tensors (made or copied inside "
                              "torch.inference_mode()); build, load or copy the model outside it, then call "
                              "optimize_for_inference()")
-        self.model, self.quantize = model, quantize
+        super().__init__(model)
+        self.quantize = quantize
         self.threads = torch.get_num_threads()
-        self.sessions: dict[int, object] = {}
-        self.export_seconds: dict[int, float] = {}  # per graph: its export, or its load from the cache
+        self.sessions: dict[int | tuple, object] = {}
+        self.export_seconds: dict[int | tuple, float] = {}  # per graph: its export, or its load from the cache
         self.loaded_from_cache: set = set()
         self.cache_dir = None if cache_dir is None else Path(cache_dir)
         self._weights_digest = None if cache_dir is None else weights_digest(model)
         self._versions = _weight_versions(model)
-        self._bindings: dict[tuple, _Binding] = {}
 
     def check_weights(self) -> None:
         """Raise if the model's weights changed since the export (the graph would decode the old ones)."""
@@ -156,8 +145,11 @@ class OnnxStep:
             raise ValueError("the model's weights changed after optimize_for_inference(); call it again so that "
                              "the fast step decodes the new weights")
 
-    def __call__(self, tokens: Tensor, state, position: int | Tensor) -> Tensor:
-        binding = self._binding(state)
+    def step(self, tokens: Tensor, state: DecodeState, position: int | Tensor) -> Tensor:
+        binding = self._cached(("step", *shape_key(state)),
+                               lambda: _StepBinding(self._session(state.group_size), state.batch_size,
+                                                    self.model.config.vocab_size))
+        binding.bind(state)
         binding.tokens.copy_(tokens)
         if isinstance(position, Tensor):
             binding.positions.copy_(position.expand(binding.positions.shape[0]))
@@ -166,38 +158,24 @@ class OnnxStep:
         binding.session.run_with_iobinding(binding.io)
         return binding.logits.clone()  # the bound buffer is overwritten by the next step
 
-    def can_advance(self, rules) -> bool:
-        """Whether :meth:`advance` can run these rules inside its graph (greedy, lengths only, no criteria)."""
+    def advances(self, rules) -> bool:
+        """Greedy rules that read only lengths run inside the graph (``DecodingRules.reads_only_lengths``)."""
         return rules.reads_only_lengths
 
-    def advance(self, rules, state, rows) -> None:
-        """:func:`hybrid.generation.stepping.advance` of every row in one call into ONNX Runtime."""
-        key = ("advance", *rules.graph_signature, state.group_size,
-               *((t.data_ptr(), *t.shape) for t in [rows.tokens, rows.positions, rows.finished, rows.outputs,
-                                                     *_state_inputs(state)]))
-        binding = self._bindings.get(key)
-        if binding is None:
-            if len(self._bindings) > 64:
-                self._bindings.clear()
-            session = self._session(("advance", *rules.graph_signature, state.group_size), rules)
-            binding = self._bindings[key] = _AdvanceBinding(session, state, rows)
-        binding.limits[0].fill_(_min_new_tokens(rules))
+    def advance(self, rules, state: DecodeState, rows: Rows) -> None:
+        """:func:`hybrid.generation.stepping.advance` of every row in one call into ONNX Runtime where
+        :meth:`advances` says so; else the exported step, with the rules in Python."""
+        if not self.advances(rules):
+            super().advance(rules, state, rows)
+            return
+        graph = ("advance", *rules.graph_signature, state.group_size)
+        binding = self._cached(("advance", *rules.graph_signature, *shape_key(state)),
+                               lambda: _AdvanceBinding(self._session(graph, rules), state.batch_size))
+        binding.bind(state, rows)
+        binding.limits[0].fill_(rules.min_new_tokens)
         binding.limits[1].fill_(rules.max_new_tokens)
         binding.session.run_with_iobinding(binding.io)
         rows.positions.copy_(binding.next_positions)  # written apart: nothing else in the graph waits on them
-
-    def _binding(self, state) -> _Binding:
-        """The session's IO binding for this state's tensors, made once per set of tensors (a reorder or
-        refill that replaces them makes a new one; stepping in place reuses it)."""
-        inputs = _state_inputs(state)
-        key = (state.group_size, *((t.data_ptr(), *t.shape) for t in inputs))
-        binding = self._bindings.get(key)
-        if binding is None:
-            if len(self._bindings) > 64:  # states come and go; keep the cache from growing with them
-                self._bindings.clear()
-            session = self._session(state.group_size)
-            binding = self._bindings[key] = _Binding(session, state, inputs, self.model.config.vocab_size)
-        return binding
 
     def _session(self, key, rules=None):
         """The session of ``key``: a rows-per-source (the step) or ``("advance", ...)`` (the greedy step)."""
@@ -238,15 +216,13 @@ class OnnxStep:
         if group_size > 1:
             template.expand(group_size)
         rows = sources * group_size
-        state_inputs = [t.contiguous() for t in _state_inputs(template)]
+        state_inputs = [t.contiguous() for t in state_tensors(template)]
         state_shapes = _dynamic_shapes(template, group_size)
         if rules is None:
             graph = _StepGraph(model, template)
             example = (torch.full((rows,), model.config.bos_id), torch.zeros(rows, dtype=torch.long), *state_inputs)
             shapes = state_shapes
         else:
-            from hybrid.generation.stepping import Rows
-
             graph = _AdvanceGraph(model, rules, template)
             example_rows = Rows.start(rows, 4, model.config.bos_id, rules.pad_id, "cpu")
             limit = torch.tensor(4)
@@ -274,6 +250,57 @@ class OnnxStep:
                                      op_types_to_quantize=[op for op in IntegerOpsRegistry if op != "Attention"])
                 path = quantized
             return path.read_bytes()
+
+
+class _Binding:
+    """A session's IO binding of one shape's buffers and of the tensors a state (and rows) bring, by address.
+
+    States come and go (each decode starts one; a reorder or a refill replaces its tensors), so those
+    tensors are bound again whenever their addresses or shapes are not the ones bound; the buffers stay.
+    """
+
+    def __init__(self, session) -> None:
+        self.session, self.io, self.bound = session, None, None
+
+    def _bind(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        addresses = [(tensor.data_ptr(), tuple(tensor.shape)) for tensor in [*inputs, *outputs]]
+        if addresses == self.bound:
+            return
+        self.io = self.session.io_binding()
+        for name, tensor in zip([node.name for node in self.session.get_inputs()], inputs, strict=True):
+            _bind(self.io.bind_input, name, tensor)
+        for name, tensor in zip([node.name for node in self.session.get_outputs()], outputs, strict=True):
+            _bind(self.io.bind_output, name, tensor)
+        self.bound = addresses
+
+
+class _StepBinding(_Binding):
+    """The step's binding: token, position and logits buffers of ``rows`` rows, and a state updated in place."""
+
+    def __init__(self, session, rows: int, vocab_size: int) -> None:
+        super().__init__(session)
+        self.tokens = torch.zeros(rows, dtype=torch.long)
+        self.positions = torch.zeros(rows, dtype=torch.long)
+        self.logits = torch.empty(rows, vocab_size)
+
+    def bind(self, state: DecodeState) -> None:
+        # Each updated state tensor is written where it was read: in place, as the eager step does.
+        self._bind([self.tokens, self.positions, *state_tensors(state)], [self.logits, *mixer_tensors(state)])
+
+
+class _AdvanceBinding(_Binding):
+    """The greedy step's binding of rows and a state, all updated in place but the next positions."""
+
+    def __init__(self, session, rows: int) -> None:
+        super().__init__(session)
+        self.limits = (torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long))
+        self.next_positions = torch.empty(rows, dtype=torch.long)
+
+    def bind(self, state: DecodeState, rows: Rows) -> None:
+        # The positions' update depends on no other result of the step, so ONNX Runtime may compute it
+        # first: written over its input, it would move every later read. It gets a buffer of its own.
+        self._bind([rows.tokens, rows.positions, rows.finished, rows.outputs, *self.limits, *state_tensors(state)],
+                   [rows.tokens, self.next_positions, rows.finished, rows.outputs, *mixer_tensors(state)])
 
 
 def cache_dir_for(checkpoint: str | os.PathLike) -> Path:
@@ -313,7 +340,7 @@ def _toolchain() -> dict[str, str]:
     which defines the step: any change to them may change the graph."""
     versions = {name: importlib.metadata.version(name) for name in ("torch", "onnx", "onnxscript", "onnxruntime")}
     code = hashlib.sha256()
-    package = Path(__file__).parent
+    package = Path(__file__).parents[1]  # hybrid/, not hybrid/accel/
     for path in sorted(package.rglob("*.py")):
         code.update(str(path.relative_to(package)).encode())
         code.update(path.read_bytes())
@@ -350,54 +377,6 @@ def _write_cached(path: Path, graph: bytes) -> Path | None:
 
 def _content_name(path: Path, graph: bytes) -> str:
     return f"{path.stem}.{hashlib.sha256(graph).hexdigest()[:16]}{path.suffix}"
-
-
-class _AdvanceBinding:
-    """The greedy step's binding of one set of rows and one state: all in place but the next positions."""
-
-    def __init__(self, session, state, rows) -> None:
-        self.session = session
-        self.limits = (torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long))
-        self.next_positions = torch.empty_like(rows.positions)
-        self.io = session.io_binding()
-        names = [node.name for node in session.get_inputs()]
-        inputs = [rows.tokens, rows.positions, rows.finished, rows.outputs, *self.limits, *_state_inputs(state)]
-        for name, tensor in zip(names, inputs, strict=True):
-            _bind(self.io.bind_input, name, tensor)
-        # The positions' update depends on no other result of the step, so ONNX Runtime may compute it
-        # first: written over its input, it would move every later read. It gets a buffer of its own.
-        outputs = [rows.tokens, self.next_positions, rows.finished, rows.outputs, *_mixer_tensors(state)]
-        for name, tensor in zip([node.name for node in session.get_outputs()], outputs, strict=True):
-            _bind(self.io.bind_output, name, tensor)
-
-
-def _min_new_tokens(rules) -> int:
-    return next((rule.min_new_tokens for rule in rules.chain if hasattr(rule, "min_new_tokens")), 0)
-
-
-@dataclasses.dataclass
-class _Binding:
-    """Tokens, positions and logits buffers of one batch, and the session's binding of them and of a state."""
-
-    session: object
-    state: object
-    inputs: list[Tensor]
-    vocab_size: int
-
-    def __post_init__(self) -> None:
-        rows = self.state.batch_size
-        self.tokens = torch.zeros(rows, dtype=torch.long)
-        self.positions = torch.zeros(rows, dtype=torch.long)
-        self.logits = torch.empty(rows, self.vocab_size)
-        self.io = self.session.io_binding()
-        names = [node.name for node in self.session.get_inputs()]
-        for name, tensor in zip(names, [self.tokens, self.positions, *self.inputs], strict=True):
-            _bind(self.io.bind_input, name, tensor)
-        outputs = [node.name for node in self.session.get_outputs()]
-        _bind(self.io.bind_output, outputs[0], self.logits)
-        # Each updated state tensor is written where it was read: in place, as the eager step does.
-        for name, tensor in zip(outputs[1:], _mixer_tensors(self.state), strict=True):
-            _bind(self.io.bind_output, name, tensor)
 
 
 def _bind(bind, name: str, tensor: Tensor) -> None:
