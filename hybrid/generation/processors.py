@@ -29,23 +29,6 @@ from hybrid.validators import check_float, check_int, check_token_id, check_toke
 LogitsProcessor = Callable[[Tensor, Tensor], Tensor]
 
 
-# Transitional: stopping.py and streamers.py still import these old private checks from here. They go
-# once those two import hybrid.validators instead (check_int, check_token_ids, check_float).
-def _check_int(name: str, value: object, minimum: int) -> int:
-    return check_int(name, value, at_least=minimum)
-
-
-def _check_token_ids(name: str, value: object) -> tuple[int, ...]:
-    return check_token_ids(name, value)
-
-
-def _check_float(name: str, value: object, allowed: str, is_allowed: Callable[[float], bool]) -> float:
-    number = check_float(name, value, finite=False)
-    if not is_allowed(number):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
-    return number
-
-
 class _TokenMask:
     """A [V] bool mask that is True at some fixed token ids, built once per (device, vocabulary size).
 
