@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 
 from hybrid.cli import VERBS
 from hybrid.cli.overrides import CommandLineError, check_command_line, nearest_keys
+from hybrid.records import read_parallel_file
 from hybrid.training import LitSeq2Seq
-from hybrid.training.data import read_parallel_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,7 +122,7 @@ def test_every_key_a_message_tells_the_user_to_set_is_a_key_of_a_verb():
         for name, overrides in [(verb.config, []) for verb in VERBS.values()] + [("config", ["data=text"])]:
             valid |= set(keys(OmegaConf.to_container(compose(name, overrides=overrides), resolve=False)))
     found = hints()
-    assert ("data.py", "data.too_long") in found  # the collector sees messages
+    assert ("base.py", "data.too_long") in found  # the collector sees messages
     assert [(file, key) for file, key in found if key not in valid] == []
 
 

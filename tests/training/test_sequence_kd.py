@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import compose_config, decode_alone, tiny_model
 
-from hybrid import inference
+from hybrid.bulk import ShardStore, decode_shard
 from hybrid.cli import main
 from hybrid.cli.distill_data import run_distill_data
-from hybrid.inference import ShardStore
 from hybrid.tokenizer import G2P_GRAPHEMES
 from hybrid.training.checkpoint import write_checkpoint
 from hybrid.training.data import G2PDataModule
@@ -86,8 +85,8 @@ def test_a_killed_run_resumes_from_the_shards_it_finished(g2p, teacher, tmp_path
     assert not (tmp_path / "kd.tsv").exists() and (tmp_path / "kd.tsv.parts").is_dir()
 
     monkeypatch.setattr(ShardStore, "save", save)
-    decoded, decode_shard = [], inference.decode_shard
-    monkeypatch.setattr(inference, "decode_shard", lambda model, tokenizer, texts, *args, **kwargs: (
+    decoded = []
+    monkeypatch.setattr("hybrid.bulk.job.decode_shard", lambda model, tokenizer, texts, *args, **kwargs: (
         decoded.append(len(texts)) or decode_shard(model, tokenizer, texts, *args, **kwargs)))
     output = distill(tmp_path / "resumed", *arguments("kd.tsv"))
     assert decoded == [20, len(training_words(g2p)) - 40]  # the first shard was not decoded again
