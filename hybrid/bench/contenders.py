@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from hybrid.accel import Accelerator
 from hybrid.bench.floor import StepReads, bart_reads, seq2seq_reads
 from hybrid.config import ModelConfig
 from hybrid.mixers import MIXERS
@@ -96,38 +97,31 @@ def fast(contender: Contender, quantize: str | None = None) -> Contender:
     int8 weights with ``quantize="int8"``, CUDA graphs inside ``generate`` on a GPU. The export happens
     here, in a short warm-up decode, and its time is the row's ``setup_seconds``."""
     model = copy.deepcopy(contender.model).optimize_for_inference(quantize)
-    begin = time.perf_counter()
     src = torch.full((1, 4), 3, device=next(model.parameters()).device)
     model.generate(src, max_new_tokens=2, min_new_tokens=2)  # exports (or captures) the plain greedy path
-    setup = (sum(model.fast_step.export_seconds.values()) if model.fast_step is not None
-             else time.perf_counter() - begin)
+    setup = model.accelerator.setup_seconds
     row = ours(f"{contender.name}+{quantize or 'fast'}", model, max_new_tokens=contender.max_new_tokens)
     return dataclasses.replace(row, step_reads=seq2seq_reads(model, int8=quantize == "int8"), setup_seconds=setup)
 
 
-class _InductorStep:
+class _InductorStep(Accelerator):
     """A route the fast path measured and did not take: ``torch.compile`` (inductor) of the eager step,
-    shapes static, installed where ``Seq2Seq.step_unchecked`` looks for a fast step."""
+    shapes static, installed as the model's accelerator."""
 
     def __init__(self, model: Seq2Seq) -> None:
-        self.step = torch.compile(model._eager_step, dynamic=False)
+        super().__init__(model)
+        self.compiled_step = torch.compile(model.eager_step, dynamic=False)
 
-    def __call__(self, tokens: Tensor, state, position) -> Tensor:
+    def step(self, tokens: Tensor, state, position) -> Tensor:
         positions = position if isinstance(position, Tensor) else torch.tensor(position, device=tokens.device)
-        return self.step(tokens, state, positions.expand(tokens.shape[0]))
-
-    def check_weights(self) -> None:
-        """Compiled code reads the live parameters, so changed weights need nothing."""
-
-    def can_advance(self, rules) -> bool:
-        return False
+        return self.compiled_step(tokens, state, positions.expand(tokens.shape[0]))
 
 
 def inductor(contender: Contender) -> Contender:
     """The same weights, stepped by ``torch.compile`` of the eager step; compiled in a warm-up decode of
     the benchmark's shortest batch-1 cell, timed as ``setup_seconds`` (each new shape compiles again)."""
     model = copy.deepcopy(contender.model)
-    model.fast_step = _InductorStep(model)
+    model.accelerator = _InductorStep(model)
     begin = time.perf_counter()
     model.generate(torch.full((1, 4), 3, device=next(model.parameters()).device), max_new_tokens=2,
                    min_new_tokens=2)

@@ -106,7 +106,7 @@ def _evaluate(cfg: DictConfig, verb: str) -> list[dict[str, float]]:
     module.model.load_state_dict(trained.state_dict)
     module.model.generation_config = trained.generation_config  # an imported model decodes as its generate()
     if cfg.optimize:
-        from hybrid.fast import cache_dir_for
+        from hybrid.accel.onnx import cache_dir_for
 
         module.model.optimize_for_inference(cfg.quantize, cache_dir=cache_dir_for(path))
     elif cfg.quantize:

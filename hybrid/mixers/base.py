@@ -47,7 +47,7 @@ class MixerState:
     def reset(self, rows: Tensor | None = None) -> None:
         """Return ``rows`` (every row by default) to the state :meth:`Mixer.allocate_state` starts from:
         zeros. A mixer whose initial state is not zero overrides this. Continuous refill calls it for
-        rows handed to new sources, and CUDA-graph decoding for the whole batch after its capture."""
+        rows handed to new sources."""
         for tensor in self.tensors():
             if rows is None:
                 tensor.zero_()

@@ -75,7 +75,7 @@ class LSTMMixer(Mixer):
     advances ``(h, c)`` with one fused matrix product ``[x | h] @ [W_ih | W_hh]^T`` and updates
     both in place. (Keeping ``x`` and ``h`` in one buffer would spare the concatenation, but
     writing into part of a buffer costs an exported graph several nodes per layer: see
-    :mod:`hybrid.fast`.)
+    :mod:`hybrid.accel.onnx`.)
     """
 
     Options = LSTMOptions

@@ -8,7 +8,7 @@
 # batch1: the batch-1 cells the CTranslate2 targets read, again with 7 repeats, because batch-1 timings
 #         on this shared machine swing by up to 2x between cells of one run.
 # routes: the fast-path routes side by side (eager, ONNX Runtime fp32 and int8, torch.compile) for the
-#         decision recorded in hybrid/fast.py.
+#         decision recorded in hybrid/accel/onnx.py.
 # overhead: the same engines on a model so small (d_model 16) that a step's arithmetic is nothing:
 #         what is left is each engine's fixed cost per generated token.
 # mixers: the decoder of every registered mixer (hybrid.mixers.MIXERS), eager and on the fast path,

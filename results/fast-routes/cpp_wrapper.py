@@ -20,7 +20,7 @@ config = ModelConfig(vocab_size=128, d_model=256, n_heads=4, d_ff=1024, encoder_
 torch.manual_seed(0)
 eager = Seq2Seq(config).eval()
 compiled = copy.deepcopy(eager)
-compiled.fast_step = _InductorStep(compiled)
+compiled.accelerator = _InductorStep(compiled)
 src = torch.randint(3, 128, (1, 32))
 new_tokens = 256
 with torch.inference_mode():

@@ -299,9 +299,9 @@ def onnx_runtime_ops(folder: Path, words: list[str], top: int = 8) -> dict:
     by ONNX Runtime's own profiler (a fresh model whose sessions are opened with profiling on)."""
     import onnxruntime
 
-    from hybrid.fast import OnnxStep
+    from hybrid.accel.onnx import OnnxAccelerator
 
-    open_session = OnnxStep._open
+    open_session = OnnxAccelerator._open
 
     def open_profiled(step, graph: bytes):
         options = onnxruntime.SessionOptions()
@@ -312,12 +312,12 @@ def onnx_runtime_ops(folder: Path, words: list[str], top: int = 8) -> dict:
         return onnxruntime.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
 
     split = {}
-    OnnxStep._open = open_profiled
+    OnnxAccelerator._open = open_profiled
     try:
         for setting, (batch_size, num_beams) in SETTINGS.items():
             engine = hybrid_engine("hybrid-fast-fp32", folder, fast=True)
             decode_in_batches(engine, words, batch_size, num_beams)
-            for session in engine.model.fast_step.sessions.values():
+            for session in engine.model.accelerator.sessions.values():
                 trace = Path(session.end_profiling())
                 events = json.loads(trace.read_text())
                 trace.unlink()
@@ -330,7 +330,7 @@ def onnx_runtime_ops(folder: Path, words: list[str], top: int = 8) -> dict:
                 split[setting] = {"steps": steps, **{op: round(us / steps / 1000, 3) for op, us in ranked}}
                 print(setting, "ONNX Runtime ms per step", json.dumps(split[setting]), flush=True)
     finally:
-        OnnxStep._open = open_session
+        OnnxAccelerator._open = open_session
     return split
 
 

@@ -22,7 +22,7 @@ import transformers
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from hybrid.training.data import G2PDataModule
-from hybrid.training.module import SEQUENCE_METRICS, closest_reference
+from hybrid.training.scoring import SEQUENCE_METRICS, closest_reference
 
 HERE = Path(__file__).resolve().parent
 REPOSITORY = HERE.parent.parent

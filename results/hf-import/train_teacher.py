@@ -31,8 +31,9 @@ import torch.nn.functional as F
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
 from transformers import GenerationConfig, MarianConfig, MarianMTModel, PreTrainedTokenizerFast
 
-from hybrid.training.data import G2P_GRAPHEMES, G2PDataModule
-from hybrid.training.module import SEQUENCE_METRICS
+from hybrid.tokenizer import G2P_GRAPHEMES
+from hybrid.training.data import G2PDataModule
+from hybrid.training.scoring import SEQUENCE_METRICS
 
 HERE = Path(__file__).resolve().parent
 MAX_POSITIONS = 64  # the longest kept CMUdict word has 28 characters and 28 phonemes; 64 holds either with its </s>
