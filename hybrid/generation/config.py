@@ -136,8 +136,12 @@ class GenerationConfig:
             raise ValueError("decoder_input_ids must be a LongTensor [batch, length] padded with pad_token_id")
 
     def check_interval(self, device: torch.device) -> int:
-        """Steps between host reads of the end-of-sequence flags: the option's if given, else every step on
-        a CPU (where the read is free) and every 8 on a GPU (where it stalls the queue of kernels)."""
+        """Steps between host reads of the end-of-sequence flags: every step with a streamer (which reads each
+        step's tokens on the host anyway, and must stop receiving once every row has ended, as transformers'
+        streamers do), else the option's if given, else every step on a CPU (where the read is free) and every
+        8 on a GPU (where it stalls the queue of kernels)."""
+        if self.streamer is not None:
+            return 1
         return self.eos_check_interval or (1 if device.type == "cpu" else 8)
 
     def eos_ids(self, model_config) -> list[int]:

@@ -49,9 +49,6 @@ def test_a_token_streamer_receives_every_step_generate_returns_then_the_end(seed
     assert finished_at_each_step == [False] * out.shape[1] and streamer.finished  # the end comes last
 
 
-@pytest.mark.xfail(strict=True, reason="the engine puts steps of padding after every row has ended, until its next "
-                   "check of the end flags (every 8 steps on a GPU by default); transformers stops putting once all "
-                   "rows are done")
 def test_nothing_is_put_after_every_row_has_ended_whatever_the_check_interval():
     model, sources = model_and_sources(ENDINGS["every row ends early"])
     streamer = TokenStreamer()
