@@ -38,6 +38,7 @@ from typing import Literal
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from hybrid.files import write_atomically
+from hybrid.validators import check_choice
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +61,8 @@ def _pre_tokenizer(level: str) -> pre_tokenizers.PreTokenizer:
         return pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every code point, spaces too
     if level == "space":
         return pre_tokenizers.WhitespaceSplit()
-    if level == "bpe":
-        # Metaspace keeps word boundaries inside the pieces ("▁the"), so decoding restores spaces.
-        return pre_tokenizers.Metaspace()
-    raise ValueError(f"unknown tokenizer level {level!r}; expected one of {LEVELS}")
+    # "bpe": Metaspace keeps word boundaries inside the pieces ("▁the"), so decoding restores spaces.
+    return pre_tokenizers.Metaspace()
 
 
 def _build_side(level: str, vocab: dict[str, int], merges: list[tuple[str, str]], append_eos: bool = False,
@@ -161,8 +160,8 @@ class Seq2SeqTokenizer:
         """
         levels = {"source": source_level, "target": target_level}
         texts = {"source": list(source_texts), "target": list(target_texts)}
-        for level in levels.values():
-            _pre_tokenizer(level)  # rejects unknown levels before any work is done
+        for side, level in levels.items():  # before any work is done
+            check_choice(f"{side}_level", level, LEVELS)
         bpe_texts = [text for side, level in levels.items() if level == "bpe" for text in texts[side]]
         if bpe_texts:
             vocab, merges = _train_bpe(bpe_texts, vocab_size)

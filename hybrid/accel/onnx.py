@@ -47,6 +47,7 @@ from hybrid.accel import (
 from hybrid.files import write_atomically
 from hybrid.generation.stepping import Rows, advance
 from hybrid.state import DecodeState
+from hybrid.validators import check_choice
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +114,7 @@ class OnnxAccelerator(Accelerator):
     """
 
     def __init__(self, model, quantize: str | None = None, cache_dir: str | os.PathLike | None = None) -> None:
-        if quantize not in QUANTIZATIONS:
-            raise ValueError(f"quantize must be one of {QUANTIZATIONS}, got {quantize!r}")
+        check_choice("quantize", quantize, QUANTIZATIONS)
         try:
             import onnxruntime  # noqa: F401  (fail now, not at the first step)
         except ImportError as error:

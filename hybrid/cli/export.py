@@ -8,6 +8,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from hybrid.training.checkpoint import export_checkpoint, load_for_inference
+from hybrid.validators import check_choice
 
 FORMATS = ("hybrid", "transformers")
 
@@ -16,8 +17,7 @@ def run_export(cfg: DictConfig) -> Path:
     """Write the model and tokenizer of ``cfg.ckpt_path`` into the folder ``cfg.output`` (the composed
     ``export.yaml``): as hybrid's own folder, which loads with ``Seq2Seq.from_pretrained`` and
     ``Seq2SeqTokenizer.load``, or as transformers' (``format=transformers``)."""
-    if cfg.format not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, got {cfg.format!r}")
+    check_choice("format", cfg.format, FORMATS)
     if cfg.format == "transformers":
         from hybrid.hf.exporter import save_transformers
         from hybrid.hf.tokenizer import PretrainedTokenizer

@@ -25,6 +25,7 @@ from torch import Tensor
 from hybrid.generation.config import GenerationConfig, with_model_defaults
 from hybrid.generation.rules import DecodingRules
 from hybrid.generation.stepping import Rows
+from hybrid.validators import check_int
 
 
 @dataclass
@@ -42,8 +43,8 @@ def bucketed_batches(sources: Iterable[Source], max_tokens: int, window: int = 1
     A batch's cost is its size times its longest source (what padding makes it cost);
     a source longer than ``max_tokens`` alone still forms a batch of one.
     """
-    if max_tokens < 1 or window < 1:
-        raise ValueError(f"max_tokens and window must be >= 1, got {max_tokens} and {window}")
+    check_int("max_tokens", max_tokens, at_least=1)
+    check_int("window", window, at_least=1)
     iterator = iter(sources)
     while chunk := list(itertools.islice(iterator, window)):
         chunk.sort(key=lambda source: len(source.ids))
@@ -85,8 +86,7 @@ class RefillDecoder:
     """
 
     def __init__(self, model, slots: int, **options) -> None:
-        if slots < 1:
-            raise ValueError(f"slots must be >= 1, got {slots}")
+        check_int("slots", slots, at_least=1)
         self.model, self.slots = model, slots
         self.config = GenerationConfig.from_kwargs(**with_model_defaults(model, options))
         self.rules = DecodingRules(self.config, model.config)

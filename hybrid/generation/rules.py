@@ -92,6 +92,7 @@ from hybrid.generation.processors import (
 )
 from hybrid.generation.stopping import EosTokenCriteria, StoppingCriteriaList
 from hybrid.inputs import check_token_ids
+from hybrid.validators import check_token_id
 
 _SUPPRESSED = "padding and the decoder start, never generated"
 
@@ -338,10 +339,7 @@ class DecodingRules:
 def _pad_id(config: GenerationConfig, model_config) -> int:
     if config.pad_token_id is None:
         return model_config.pad_id
-    pad_id = config.pad_token_id
-    if isinstance(pad_id, bool) or not isinstance(pad_id, int) or not 0 <= pad_id < model_config.vocab_size:
-        raise ValueError(f"pad_token_id must be an id in [0, vocab_size={model_config.vocab_size}), got {pad_id!r}")
-    return pad_id
+    return check_token_id("pad_token_id", config.pad_token_id, vocab_size=model_config.vocab_size)
 
 
 def _same_type(user: object, kind: type) -> bool:

@@ -25,6 +25,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from hybrid.files import write_atomically
+from hybrid.validators import check_float, check_int
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +54,7 @@ class ValidationCadence(Callback):
     """
 
     def __init__(self, every_n_steps: int = 1000) -> None:
-        if every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        check_int("every_n_steps", every_n_steps, at_least=1)
         self.every_n_steps = every_n_steps
         self.last_step: float | None = None  # the fit's planned last step, while the rule applies
         self.validation_began = self.step_began = 0.0
@@ -155,8 +155,7 @@ class ConsoleReport(Callback):
     """
 
     def __init__(self, every_seconds: float = 10.0) -> None:
-        if every_seconds < 0:
-            raise ValueError(f"every_seconds must be >= 0, got {every_seconds}")
+        check_float("every_seconds", every_seconds, at_least=0, finite=False)  # infinity: no progress lines
         self.every_seconds = every_seconds
         self.enabled = False
 

@@ -21,7 +21,6 @@ Sequence-level knowledge distillation, training on the teacher's own translation
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -33,6 +32,7 @@ from torch import Tensor, nn
 from hybrid.config import ModelConfig
 from hybrid.convert import changed_layers
 from hybrid.model import Seq2Seq
+from hybrid.validators import check_choice, check_float
 
 MATCHES = ("logits", "mixers")
 
@@ -52,14 +52,9 @@ class DistillOptions:
         if not isinstance(self.teacher, str) or not self.teacher:
             raise ValueError(f"module.distill.teacher must be the path of a checkpoint or model folder, "
                              f"got {self.teacher!r}")
-        if self.match not in MATCHES:
-            raise ValueError(f"module.distill.match must be one of {MATCHES}, got {self.match!r}")
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, int | float) or not 0 <= self.alpha <= 1:
-            raise ValueError(f"module.distill.alpha must be a number in [0, 1], got {self.alpha!r}")
-        temperature = self.temperature
-        if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not temperature > 0 \
-                or not math.isfinite(temperature):
-            raise ValueError(f"module.distill.temperature must be a number > 0, got {temperature!r}")
+        check_choice("module.distill.match", self.match, MATCHES)
+        check_float("module.distill.alpha", self.alpha, at_least=0, at_most=1)
+        check_float("module.distill.temperature", self.temperature, above=0)
 
     @classmethod
     def from_dict(cls, data: object) -> DistillOptions | None:

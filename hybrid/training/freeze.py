@@ -13,6 +13,8 @@ import logging
 from lightning import Callback, LightningModule, Trainer
 from torch import nn
 
+from hybrid.validators import check_int
+
 logger = logging.getLogger(__name__)
 
 
@@ -29,9 +31,7 @@ class FreezeCopiedWeights(Callback):
     """
 
     def __init__(self, steps: int = 0) -> None:
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"steps must be an int >= 0, got {steps!r}")
-        self.steps = steps
+        self.steps = check_int("steps", steps, at_least=0)
         self.frozen: list[nn.Parameter] = []
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -41,6 +41,7 @@ from hybrid.training.distill import (
     swapped_layers,
 )
 from hybrid.training.scoring import CORPUS_METRICS, SEQUENCE_METRICS, closest_reference, greedy_length_limit
+from hybrid.validators import check_choice, check_float, check_int
 
 STAGES = ("train", "val", "test")
 LR_SCHEDULES = ("cosine", "inverse_sqrt", "constant")
@@ -56,16 +57,15 @@ def lr_multiplier(step: int, schedule: str, warmup_steps: int, total_steps: floa
     ``"inverse_sqrt"`` decays as ``sqrt(warmup_steps / step)`` (the original transformer's rule),
     and ``"constant"`` keeps the peak.
     """
+    check_choice("lr_schedule", schedule, LR_SCHEDULES)
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":
         return 1.0
     if schedule == "inverse_sqrt":
         return math.sqrt(max(warmup_steps, 1) / max(step, warmup_steps, 1))
-    if schedule == "cosine":
-        progress = min(1.0, (step - warmup_steps) / max(1.0, total_steps - warmup_steps))
-        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-    raise ValueError(f"unknown lr_schedule {schedule!r}; expected one of {LR_SCHEDULES}")
+    progress = min(1.0, (step - warmup_steps) / max(1.0, total_steps - warmup_steps))  # cosine
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def capped_warmup_steps(warmup_steps: int, planned_steps: float, max_fraction: float | None) -> int:
@@ -120,15 +120,12 @@ class LitSeq2Seq(LightningModule):
         distill: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        if lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {lr_schedule!r}")
+        check_choice("lr_schedule", lr_schedule, LR_SCHEDULES)
         unknown = sorted(set(metrics) - SEQUENCE_METRICS.keys())
         if unknown:
             raise ValueError(f"unknown sequence metrics {unknown}; allowed: {sorted(SEQUENCE_METRICS)}")
-        if decode_batches is not None and decode_batches < 0:
-            raise ValueError(f"decode_batches must be >= 0 or None (all), got {decode_batches}")
-        if max_warmup_fraction is not None and not 0 < max_warmup_fraction <= 1:
-            raise ValueError(f"max_warmup_fraction must be in (0, 1] or None (no cap), got {max_warmup_fraction}")
+        check_int("decode_batches", decode_batches, at_least=0, optional=True)  # None: every batch
+        check_float("max_warmup_fraction", max_warmup_fraction, above=0, at_most=1, optional=True)  # None: no cap
         # The tokenizer is kept out of the hyperparameters (loggers would print its whole vocabulary);
         # on_save_checkpoint stores it instead.
         # Not a hyperparameter: Lightning merges those with the data module's, which has a seed of its

@@ -12,6 +12,8 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hybrid.validators import check_choice, check_int
+
 SEQUENCE_SYMBOLS = string.ascii_lowercase + string.ascii_uppercase  # 52 symbols; sorted() orders "A" < "a"
 RECALL_SEPARATOR = "|"  # ends the sequence, in the source and in the target
 RECALL_KEYS = string.digits  # one token per position, so that a key is one content match
@@ -49,16 +51,13 @@ class SyntheticTask:
     table_order: str = "sorted"
 
     def __post_init__(self) -> None:
-        if self.name not in _GENERATORS:
-            raise ValueError(f"unknown task {self.name!r}; expected one of {sorted(_GENERATORS)}")
+        check_choice("task", self.name, sorted(_GENERATORS))  # the data module's option that names it
         if not 1 <= self.min_length <= self.max_length:
             raise ValueError(f"need 1 <= min_length <= max_length, got {self.min_length}, {self.max_length}")
         if not 1 <= self.num_symbols <= len(SEQUENCE_SYMBOLS):
             raise ValueError(f"num_symbols must be in 1..{len(SEQUENCE_SYMBOLS)}, got {self.num_symbols}")
-        if self.num_queries < 1:
-            raise ValueError(f"num_queries must be positive, got {self.num_queries}")
-        if self.table_order not in TABLE_ORDERS:
-            raise ValueError(f"table_order must be one of {TABLE_ORDERS}, got {self.table_order!r}")
+        check_int("num_queries", self.num_queries, at_least=1)
+        check_choice("table_order", self.table_order, TABLE_ORDERS)
         if self.name == "recall" and self.max_length > len(RECALL_KEYS):
             raise ValueError(f"recall keys are the single digits, so max_length must be at most "
                              f"{len(RECALL_KEYS)}, got {self.max_length}")

@@ -115,7 +115,7 @@ def test_a_converted_model_keeps_its_generation_defaults_through_the_checkpoint(
     ({"teacher": "", "match": "logits"}, "teacher must be the path"),
     ({"teacher": "t.ckpt", "match": "attention"}, "match must be one of"),
     ({"teacher": "t.ckpt", "alpha": 1.5}, "alpha must be a number in"),
-    ({"teacher": "t.ckpt", "temperature": 0}, "temperature must be a number > 0"),
+    ({"teacher": "t.ckpt", "temperature": 0}, "temperature must be a finite number > 0"),
     ({"teacher": "t.ckpt", "beta": 1}, "unknown options"),
 ])
 def test_bad_distillation_options_are_refused_by_name(options, message):

