@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
     ("fit", "config", ["+trainer.profilr=simple"], "trainer.profiler"),  # checked against Trainer's arguments
     ("fit", "config", ["+callbacks.early_stopping.min_dela=1"], "callbacks.early_stopping.min_delta"),
     ("fit", "config", ["experiment=quickstart", "+data.max_word=10"], "data.max_words"),  # the group's keys
+    ("fit", "config", ["experiment=quickstart", "+data.max_source_lenght=10"], "data.max_source_length"),  # a base's
     ("fit", "config", ["~module.warmup_step"], "module.warmup_steps"),
     ("fit", "config", ["+callbacks.kill.step=6"], "callbacks"),  # a new callback must start with its _target_
 ])
@@ -53,6 +54,7 @@ def test_an_unknown_key_is_refused_naming_the_nearest_valid_keys(verb, config, a
     ("fit", "config", ["experiment=copy_hybrid", "data.train_size=64", "trainer.max_time=00:00:10:00"]),
     ("fit", "config", ["data=text", "data.train_path=pairs.tsv", "logger=[csv,tensorboard]"]),
     ("fit", "config", ["hydra.run.dir=elsewhere", "hydra.job.chdir=true", "hydra/launcher=basic"]),
+    ("fit", "config", ["experiment=quickstart", "+data.max_source_length=10"]),  # passed on to the data module's base
     ("generate", "generate", ["ckpt_path=m", "generation=beam", "generation.top_k=3", "input=words.txt"]),
     ("export", "export", ["--cfg", "job"]),  # prints the config, ??? and all
     ("export", "export", ["--help"]),

@@ -174,16 +174,25 @@ def _holds_objects(node: Any) -> bool:
 
 def _keyword_arguments(target: str) -> set[str] | None:
     """The keyword arguments ``target`` takes; None where it takes any (``**kwargs``) or cannot be
-    imported here (instantiate then reports it, naming the target)."""
+    imported here (instantiate then reports it, naming the target). A class whose ``__init__`` passes
+    ``**kwargs`` on takes its bases' arguments too (the data modules pass their loader options to
+    ``Seq2SeqDataModule``), so they are followed up the MRO until an ``__init__`` without ``**kwargs``."""
     made = pydoc.locate(target)
-    try:
-        parameters = inspect.signature(made).parameters.values()
-    except (ValueError, TypeError):  # None (not importable) or a callable without a signature
-        return None
-    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
-        return None
-    return {parameter.name for parameter in parameters
-            if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    if isinstance(made, type):
+        callables = [klass.__init__ for klass in made.__mro__ if "__init__" in vars(klass)]
+    else:
+        callables = [made]
+    names: set[str] = set()
+    for function in callables:
+        try:
+            parameters = inspect.signature(function).parameters.values()
+        except (ValueError, TypeError):  # None (not importable) or a callable without a signature
+            return None
+        names |= {parameter.name for parameter in parameters
+                  if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+        if not any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
+            return names - {"self"}
+    return None  # every __init__ up to object's takes **kwargs: anything goes
 
 
 def _describe_unknown(tree: dict, override: Override, verb: str, addable: bool) -> str:

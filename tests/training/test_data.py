@@ -131,6 +131,19 @@ def test_synthetic_vocab_is_known_before_any_data_is_made():
     assert datamodule.datasets == {} and "pairs" not in vars(datamodule)
 
 
+@pytest.mark.parametrize("make", [lambda **options: SyntheticDataModule("sort", **options),
+                                  lambda **options: G2PDataModule(max_words=50, **options)])
+def test_loader_options_pass_through_to_the_base_and_are_recorded_with_their_defaults(make):
+    datamodule = make(batch_size=8, max_source_length=5)
+    assert (datamodule.batch_size, datamodule.max_source_length, datamodule.seed) == (8, 5, 0)
+    hparams = dict(datamodule.hparams)
+    assert hparams["batch_size"] == 8 and hparams["num_workers"] == 0 and hparams["too_long"] == "drop"
+    own = "task" if isinstance(datamodule, SyntheticDataModule) else "max_words"
+    assert own in hparams  # the subclass's own arguments are recorded beside the loader options
+    with pytest.raises(TypeError, match="batchsize"):
+        make(batchsize=8)
+
+
 def test_synthetic_is_deterministic_by_seed():
     def batches(seed):
         return _first_batches(SyntheticDataModule("sort", train_size=500, seed=seed, batch_size=8))

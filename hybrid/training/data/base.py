@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from lightning import LightningDataModule
@@ -86,6 +86,9 @@ class Seq2SeqDataModule(LightningDataModule):
     batches come in an order drawn from `seed` and the epoch (`EpochSeededSampler`), so a rerun
     sees the same batches, and a run resumed mid-epoch sees the ones it had left.
 
+    Every data module takes this class's loader options as keywords (`seed`, `batch_size`, `num_workers`,
+    `too_long`, `source_eos`, `max_source_length`, `max_target_length`) beside its own.
+
     Every source ends with eos (`source_eos`, as fairseq does): the encoder's positions are only
     relative, so without it nothing tells the encoder where a source of varied length ends. The
     tokenizer holds the rule (`Seq2SeqTokenizer.source_suffix`), so inference encodes sources alike.
@@ -97,10 +100,14 @@ class Seq2SeqDataModule(LightningDataModule):
     a training split, left with nothing to train on is a `ValueError` that names it and counts why.
     """
 
-    def __init__(self, batch_size: int, num_workers: int, seed: int, too_long: str = "drop",
-                 max_source_length: int | None = None, max_target_length: int | None = None,
-                 source_eos: bool = True) -> None:
+    def __init__(self, *, seed: int = 0, batch_size: int = 64, num_workers: int = 0,
+                 too_long: Literal["drop", "truncate"] = "drop", source_eos: bool = True,
+                 max_source_length: int | None = None, max_target_length: int | None = None) -> None:
         super().__init__()
+        # Every subclass passes these through (`**loader_options`), so their defaults live here only.
+        # Called here rather than in each subclass, Lightning still records the subclass's own arguments
+        # (it reads every `__init__` frame up the chain), with these defaults where none were given.
+        self.save_hyperparameters()
         check_bool("source_eos", source_eos)
         check_choice("too_long", too_long, TOO_LONG_POLICIES)
         for name, limit in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):

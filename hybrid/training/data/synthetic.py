@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Literal
+from typing import Any
 
 from hybrid.records import Pair
 from hybrid.tokenizer import Seq2SeqTokenizer
@@ -51,14 +51,9 @@ class SyntheticDataModule(Seq2SeqDataModule):
         test_size: int = 500,
         test_min_length: int | None = None,
         test_max_length: int | None = None,
-        seed: int = 0,
-        batch_size: int = 64,
-        num_workers: int = 0,
-        too_long: Literal["drop", "truncate"] = "drop",
-        source_eos: bool = True,
+        **loader_options: Any,
     ) -> None:
-        super().__init__(batch_size, num_workers, seed, too_long, source_eos=source_eos)
-        self.save_hyperparameters()
+        super().__init__(**loader_options)
         self.task = SyntheticTask(task, min_length, max_length, num_symbols, num_queries, table_order)
         self.test_task = dataclasses.replace(
             self.task,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import Literal
+from typing import Any, Literal
 
 from hybrid.records import Pair, ParseReport, read_parallel_file
 from hybrid.tokenizer import Seq2SeqTokenizer
@@ -33,16 +33,9 @@ class TextDataModule(Seq2SeqDataModule):
         bpe_vocab_size: int = 8000,
         val_fraction: float = 0.05,
         test_fraction: float = 0.05,
-        max_source_length: int | None = None,
-        max_target_length: int | None = None,
-        seed: int = 0,
-        batch_size: int = 64,
-        num_workers: int = 0,
-        too_long: Literal["drop", "truncate"] = "drop",
-        source_eos: bool = True,
+        **loader_options: Any,
     ) -> None:
-        super().__init__(batch_size, num_workers, seed, too_long, max_source_length, max_target_length, source_eos)
-        self.save_hyperparameters()
+        super().__init__(**loader_options)
         check_fractions(val_fraction, test_fraction)
         self.paths = {"train": train_path, "val": val_path, "test": test_path}
         self.fractions = {"val": val_fraction, "test": test_fraction}
