@@ -117,9 +117,14 @@ class TopPLogitsWarper:
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         sorted_scores, sorted_indices = torch.sort(scores, dim=-1)  # (B, V), ascending
         cumulative_probs = sorted_scores.softmax(dim=-1, dtype=torch.float32).cumsum(dim=-1)
-        # Read each token's cumulative probability at the end of its run of ties.
-        end_of_ties = torch.searchsorted(sorted_scores, sorted_scores, right=True) - 1
-        mass_at_or_below = cumulative_probs.gather(-1, end_of_ties)
+        # Read each token's cumulative probability at the end of its run of ties: number the runs, find each
+        # run's last position. (Not searchsorted, which ONNX lacks: the fast path runs this in its graph.)
+        starts_run = torch.cat([torch.ones_like(sorted_scores[:, :1], dtype=torch.bool),
+                                sorted_scores[:, 1:] != sorted_scores[:, :-1]], dim=-1)
+        run = starts_run.long().cumsum(dim=-1) - 1  # (B, V)
+        positions = torch.arange(scores.shape[-1], device=scores.device).expand_as(run)
+        end_of_run = torch.zeros_like(run).scatter_reduce(-1, run, positions, "amax")
+        mass_at_or_below = cumulative_probs.gather(-1, end_of_run.gather(-1, run))
         keep_count = min(self.min_tokens_to_keep, scores.shape[-1])
         lowest_kept = sorted_scores[:, -keep_count, None]  # (B, 1)
         sorted_to_remove = (mass_at_or_below <= 1 - self.top_p) & (sorted_scores < lowest_kept)
