@@ -262,8 +262,8 @@ class Seq2Seq(nn.Module):
         """
         return generate(self, src_ids, src_mask=src_mask, **kwargs)
 
-    def optimize_for_inference(self, quantize: str | None = None,
-                               cache_dir: str | os.PathLike | None = None) -> Seq2Seq:
+    def optimize_for_inference(self, quantize: str | None = None, cache_dir: str | os.PathLike | None = None,
+                               threads: int | None = None) -> Seq2Seq:
         """Install the fast decoding path as this model's :attr:`accelerator` and return the model (in
         eval mode).
 
@@ -277,7 +277,8 @@ class Seq2Seq(nn.Module):
         each exported ONNX graph is written there, keyed by a digest of the weights and of everything else
         that shapes it, and a later process with the same weights loads it instead of exporting again; a
         folder that cannot be written only costs that. The ONNX graph holds a copy of the weights: after
-        changing them, call this again.
+        changing them, call this again. ``threads`` is ONNX Runtime's intra-op thread count (CTranslate2's
+        ``intra_threads``); by default torch's (``torch.get_num_threads()``). A GPU's graphs need no threads.
         """
         self.eval()
         device = next(self.parameters()).device
@@ -289,7 +290,7 @@ class Seq2Seq(nn.Module):
             return self
         if cache_dir is None and self.pretrained_folder is not None:
             cache_dir = cache_dir_for(self.pretrained_folder)
-        self.accelerator = OnnxAccelerator(self, quantize, cache_dir)
+        self.accelerator = OnnxAccelerator(self, quantize, cache_dir, threads)
         return self
 
     # ----- transformers -------------------------------------------------------------

@@ -5,6 +5,7 @@ path; int8: judged on quality, the G2P phoneme error rate within half a point of
 graph is cached beside a saved model, so a later process loads it instead of exporting again.
 """
 
+import functools
 import importlib.metadata
 import json
 import logging
@@ -17,7 +18,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MIXER_PATTERNS, TRANSFORMERS_FAMILIES, family_architecture, padded_batch, pattern_id, tiny_model
+from conftest import (
+    MIXER_PATTERNS,
+    TRANSFORMERS_FAMILIES,
+    family_architecture,
+    padded_batch,
+    pattern_id,
+    tiny_model,
+)
 
 from hybrid import Seq2Seq
 from hybrid.accel.onnx import OnnxAccelerator, cache_dir_for, graph_key, weights_digest
@@ -26,6 +34,9 @@ from hybrid.generation.refill import RefillDecoder, Source
 ROOT = Path(__file__).resolve().parents[1]
 
 LENGTHS = [6, 2, 4, 5]
+# Sampling with every built-in warper and the length rules: what the fast path runs inside its graph. The tests
+# share it, so that they share its export.
+SAMPLING = dict(do_sample=True, temperature=0.8, top_k=8, top_p=0.9, min_p=0.05, min_new_tokens=2, eos_token_id=[2, 7])
 ALPHABET = "abcdefghij"
 
 
@@ -33,6 +44,14 @@ ALPHABET = "abcdefghij"
 def pair(request):
     """The same tiny model twice: eager, and on the fast path (each export is paid once per module)."""
     return tiny_model(request.param, seed=31), tiny_model(request.param, seed=31).optimize_for_inference()
+
+
+@functools.cache
+def mixed_pair():
+    """:func:`pair` with a constant-state mixer and attention, made once: for checks of the rules around the
+    step, which need not run per pattern."""
+    mixers = ["lstm", "attention"]
+    return tiny_model(mixers, seed=31), tiny_model(mixers, seed=31).optimize_for_inference()
 
 
 @pytest.fixture(scope="module", params=TRANSFORMERS_FAMILIES)
@@ -69,9 +88,11 @@ def test_the_fast_step_gives_the_eager_logits(pair):
 
 @pytest.mark.parametrize("options", [
     dict(), dict(min_new_tokens=5, eos_token_id=[2, 7], pad_token_id=4), dict(repetition_penalty=1.3),
-    dict(num_beams=3, num_return_sequences=2), dict(do_sample=True, top_p=0.9, num_return_sequences=2),
+    dict(num_beams=3, num_return_sequences=2),
+    dict(SAMPLING, num_return_sequences=2),
+    dict(do_sample=True, repetition_penalty=1.3),  # history-reading: the exported step, the rules in PyTorch
     dict(decoder_input_ids=torch.tensor([[1, 5, 6], [1, 8, 0], [1, 0, 0], [1, 4, 4]])),
-], ids=["greedy", "lengths-eos-pad", "penalty", "beams", "sampling", "forced-prefix"])
+], ids=["greedy", "lengths-eos-pad", "penalty", "beams", "sampling-every-warper", "sampling-penalty", "forced-prefix"])
 def test_fast_generate_equals_eager_generate(pair, options):
     eager, fast = pair
     src = padded_batch(LENGTHS, seed=34)
@@ -91,25 +112,46 @@ def test_the_fast_path_equals_eager_in_every_imported_familys_architecture(famil
     test_fast_refill_equals_eager_refill(family_pair, dict())
 
 
-def test_plain_greedy_takes_one_exported_call_per_token(pair):
+def test_plain_greedy_takes_one_exported_call_per_token(pair, options=None):
     eager, fast = pair
+    options = options or {}
     src = padded_batch(LENGTHS, seed=35)
-    calls = []
-    original = fast.accelerator.advance
-    fast.accelerator.advance = lambda *args: calls.append(1) or original(*args)
-    try:
-        out = fast.generate(src, max_new_tokens=12)
-    finally:
-        fast.accelerator.advance = original
-    assert torch.equal(out, eager.generate(src, max_new_tokens=12))
-    assert len(calls) == out.shape[1]  # one call per generated column, nothing else stepped the model
-    # A second decode of the same shape reuses what the first one made: no export, the same bindings.
+
+    def run(model):
+        seeded = {"generator": torch.Generator().manual_seed(3)} if options.get("do_sample") else {}
+        return model.generate(src, max_new_tokens=12, **options, **seeded)
+
+    out = run(fast)
+    assert torch.equal(out, run(eager))
+    # A second decode of the same shape reuses what the first one made: no export, the same bindings; and
+    # every column it generates is one advance, one call into ONNX Runtime, with nothing else stepping the model.
     compiled, sessions = dict(fast.accelerator.compiled), dict(fast.accelerator.sessions)
-    assert torch.equal(fast.generate(src, max_new_tokens=12), out)
+    advances, session_runs = [], []
+    original = type(fast.accelerator).advance
+    with pytest.MonkeyPatch.context() as patch:
+        for session in sessions.values():
+            patch.setattr(session, "run_with_iobinding",
+                          lambda *args, run=session.run_with_iobinding: session_runs.append(1) or run(*args))
+        patch.setattr(type(fast.accelerator), "advance", lambda *args: advances.append(1) or original(*args))
+        patch.setattr(type(fast.accelerator), "step", lambda *args: pytest.fail("the step ran apart from the rules"))
+        assert torch.equal(run(fast), out)
+    assert len(advances) == len(session_runs) == out.shape[1]
     assert fast.accelerator.compiled == compiled and fast.accelerator.sessions == sessions
 
 
-@pytest.mark.parametrize("options", [dict(), dict(do_sample=True, top_k=5), dict(min_new_tokens=4)])
+def test_sampling_takes_one_exported_call_per_token_and_draws_the_eager_tokens(pair):
+    test_plain_greedy_takes_one_exported_call_per_token(pair, dict(SAMPLING, num_return_sequences=2))
+
+
+@pytest.mark.parametrize("warper", [dict(temperature=0.6, top_k=0), dict(top_k=3), dict(top_p=0.7, top_k=0),
+                                    dict(min_p=0.2, top_k=0)], ids=["temperature", "top-k", "top-p", "min-p"])
+def test_each_warper_runs_in_the_graph_and_draws_the_eager_tokens(warper):
+    eager, fast = mixed_pair()
+    test_plain_greedy_takes_one_exported_call_per_token((eager, fast), dict(do_sample=True, **warper))
+
+
+@pytest.mark.parametrize("options", [dict(), SAMPLING, dict(min_new_tokens=4)],
+                         ids=["greedy", "sampling", "min-length"])
 def test_fast_refill_equals_eager_refill(pair, options):
     sources = [Source(i, padded_batch([n], seed=36 + i)[0].tolist()) for i, n in enumerate([3, 7, 1, 5, 2, 6, 4])]
 
@@ -135,6 +177,19 @@ def test_bad_fast_path_options_are_refused():
         tiny_model(["lstm"]).optimize_for_inference("int4")
     with pytest.raises(ValueError, match="float32"):
         tiny_model(["lstm"]).double().optimize_for_inference()
+    with pytest.raises(ValueError, match="threads must be a positive int"):
+        tiny_model(["lstm"]).optimize_for_inference(threads=0)
+
+
+def test_the_fast_path_runs_on_the_threads_it_is_given():
+    model = tiny_model(["lstm"], seed=38)
+    src = padded_batch([3, 5])
+    expected = model.generate(src, max_new_tokens=4)
+    for threads in (1, 2):
+        model.optimize_for_inference(threads=threads)
+        assert torch.equal(model.generate(src, max_new_tokens=4), expected)
+        sessions = list(model.accelerator.sessions.values())
+        assert sessions and all(session.get_session_options().intra_op_num_threads == threads for session in sessions)
 
 
 def test_int8_keeps_the_g2p_phoneme_error_rate_within_half_a_point(tmp_path):
@@ -209,7 +264,8 @@ def test_a_second_hybrid_generate_on_a_checkpoint_loads_the_graph_cached_beside_
     shutil.copytree(folder / "fast", tmp_path / "model.ckpt.fast")
     (tmp_path / "in.txt").write_text("abc\nhij\n")
     result = subprocess.run([sys.executable, "-m", "hybrid.cli", "generate", f"ckpt_path={checkpoint}",
-                             "input=in.txt", "output=out.txt", "max_new_tokens=8", "optimize=true", "progress=false"],
+                             "input=in.txt", "output=out.txt", "max_new_tokens=8", "optimize=true", "progress=false",
+                             "threads=1"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=120,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr

@@ -1,10 +1,10 @@
-"""The fast path on a GPU: the decoder step, or a whole greedy advance, captured in a CUDA graph and replayed.
+"""The fast path on a GPU: the decoder step, or a whole advance (greedy or sampled), captured in a CUDA graph.
 
 A step launches dozens of small kernels; at small batch on a GPU their launch overhead, not the
 arithmetic, sets the speed. Every mixer's state is preallocated and updated in place, and every mixer
 has a shape-static step (the position lives on the device), so a step can be captured once and
 replayed, like mamba's CUDA-graph decoding. A graph reads and writes fixed addresses, so each one owns
-static buffers: a :class:`~hybrid.state.DecodeState`, the rows of a greedy advance, and the step's own
+static buffers: a :class:`~hybrid.state.DecodeState`, the rows of an advance, and the step's own
 inputs and outputs. A decode's state is copied into them at its first step and then points at them,
 so every later step replays with nothing copied but its tokens and positions.
 
@@ -35,7 +35,7 @@ from hybrid.state import DecodeState
 
 
 class CUDAGraphAccelerator(Accelerator):
-    """A model's steps and greedy advances, each shape captured once in a CUDA graph and replayed."""
+    """A model's steps and advances (greedy or sampled), each shape captured once in a CUDA graph and replayed."""
 
     keeps_every_row = True
     max_compiled = 16  # each graph holds a decoding state of its own: keep fewer than the default
@@ -70,9 +70,10 @@ class CUDAGraphAccelerator(Accelerator):
         return graph.inputs["logits"].clone()  # the buffer is overwritten by the next replay
 
     def advances(self, rules) -> bool:
-        """Greedy rules that read only lengths run inside the graph (``DecodingRules.reads_only_lengths``):
-        no host reads, and every id they use is a constant of the graph."""
-        return rules.reads_only_lengths
+        """Rules that read only the newest scores and lengths, greedy or sampled, run inside the graph
+        (``DecodingRules.runs_in_graph``): no host reads, and every id and setting they use is a constant
+        of the graph. A sample's noise is drawn into a buffer of the graph before each replay."""
+        return rules.runs_in_graph
 
     @torch.inference_mode()
     def advance(self, rules, state: DecodeState, rows: Rows) -> None:
@@ -85,6 +86,8 @@ class CUDAGraphAccelerator(Accelerator):
         graph = self._graph(kind, state, rows, self._advance_capture(rules))
         graph.take(state, rows)
         graph.set_limits(rules.min_new_tokens, rules.max_new_tokens)
+        if "noise" in graph.inputs:
+            rules.sampling_noise(graph.inputs["noise"])  # drawn as the eager step's torch.multinomial draws it
         graph.replay()
 
     def _graph(self, kind: tuple, state: DecodeState, rows: Rows | None,
@@ -120,19 +123,24 @@ class CUDAGraphAccelerator(Accelerator):
         return capture
 
     def _advance_capture(self, rules) -> Callable[[_Graph], Callable[[], None]]:
-        """What a greedy advance's graph runs: :func:`advance` over the eager step, with the length limits
-        read from two of its buffers, so that one graph serves every ``max_new_tokens``."""
+        """What an advance's graph runs: :func:`advance` over the eager step, with the length limits read
+        from two of its buffers, so that one graph serves every ``max_new_tokens``, and when sampling the
+        noise from a third."""
         model = self.model
 
         def capture(graph: _Graph) -> Callable[[], None]:
             device = graph.state.memory_mask.device
             graph.inputs = {name: torch.zeros((), dtype=torch.long, device=device)
                             for name in ("min_new_tokens", "max_new_tokens")}
+            noise = None
+            if rules.config.do_sample:  # ones for the warm-up, which must not advance the user's generator
+                noise = graph.inputs["noise"] = torch.ones(graph.state.batch_size, model.config.vocab_size,
+                                                           device=device)
             graph.set_limits(rules.min_new_tokens, rules.max_new_tokens)  # the warm-up steps need real ones
             # Made once, outside the graph: the rules' own tensors (EOS ids, masks) come into being at the
             # warm-up and are read from the same addresses at every replay.
             limited = rules.with_length_limits(graph.inputs["min_new_tokens"], graph.inputs["max_new_tokens"])
-            return lambda: advance(model.eager_step, limited, graph.state, graph.rows)
+            return lambda: advance(model.eager_step, limited, graph.state, graph.rows, noise)
 
         return capture
 
@@ -182,7 +190,7 @@ class _Graph:
         self._owners = [(weakref.ref(holder), held) for holder, held in zip(holders, buffers, strict=True)]
 
     def set_limits(self, min_new_tokens: int, max_new_tokens: int) -> None:
-        """The length limits a greedy advance reads; written only when they change."""
+        """The length limits an advance reads; written only when they change."""
         if self._limits != (min_new_tokens, max_new_tokens):
             self.inputs["min_new_tokens"].fill_(min_new_tokens)
             self.inputs["max_new_tokens"].fill_(max_new_tokens)

@@ -47,7 +47,7 @@ from hybrid.accel import (
 from hybrid.files import write_atomically
 from hybrid.generation.stepping import Rows, advance
 from hybrid.state import DecodeState
-from hybrid.validators import check_choice
+from hybrid.validators import check_choice, check_int
 
 logger = logging.getLogger(__name__)
 
@@ -77,23 +77,27 @@ class _StepGraph(nn.Module):
 
 
 class _AdvanceGraph(nn.Module):
-    """:func:`hybrid.generation.stepping.advance` with greedy rules that read only lengths, as one graph.
+    """:func:`hybrid.generation.stepping.advance` with rules that run in a graph
+    (``DecodingRules.runs_in_graph``), as one graph.
 
     Inputs: the rows' tokens, positions, finished flags and outputs, the ``min_new_tokens`` and
-    ``max_new_tokens`` limits (0-d), then the state as in :class:`_StepGraph`. Outputs: the updated
+    ``max_new_tokens`` limits (0-d), when sampling the step's noise (rows, vocab:
+    ``DecodingRules.sampling_noise``), then the state as in :class:`_StepGraph`. Outputs: the updated
     tokens, the next positions, finished flags and outputs, and the updated mixer state.
     """
 
     def __init__(self, model, rules, template: DecodeState) -> None:
         super().__init__()
         self.model, self.rules, self.template = model, rules, template
+        self.sampling = rules.config.do_sample
 
     def forward(self, tokens: Tensor, positions: Tensor, finished: Tensor, outputs: Tensor, min_new_tokens: Tensor,
-                max_new_tokens: Tensor, memory_mask: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
-        assign_state_tensors(self.template, [memory_mask, *tensors])
+                max_new_tokens: Tensor, *inputs: Tensor) -> tuple[Tensor, ...]:
+        noise, inputs = (inputs[0], inputs[1:]) if self.sampling else (None, inputs)
+        assign_state_tensors(self.template, list(inputs))
         rows = Rows(tokens, positions, finished, outputs)
         advance(self.model.eager_step, self.rules.with_length_limits(min_new_tokens, max_new_tokens), self.template,
-                rows)
+                rows, noise)
         return (rows.tokens, rows.positions, rows.finished, rows.outputs, *mixer_tensors(self.template))
 
 
@@ -107,14 +111,16 @@ class OnnxAccelerator(Accelerator):
     exported it before (its key in :attr:`loaded_from_cache`), else exported and written there.
 
     :attr:`sessions` holds an ONNX Runtime session per exported graph, whose rows and capacity are
-    dynamic: the step's, per rows-per-source, and the greedy advance's, per rows-per-source and rules
+    dynamic: the step's, per rows-per-source, and the advance's, per rows-per-source and rules
     (:attr:`~hybrid.generation.rules.DecodingRules.graph_signature`). :attr:`compiled` holds a session's
     binding per (rows, rows per source, capacity): its token, position and logits buffers, bound with a
     state's tensors by address, and bound again only when a state brings other tensors.
     """
 
-    def __init__(self, model, quantize: str | None = None, cache_dir: str | os.PathLike | None = None) -> None:
+    def __init__(self, model, quantize: str | None = None, cache_dir: str | os.PathLike | None = None,
+                 threads: int | None = None) -> None:
         check_choice("quantize", quantize, QUANTIZATIONS)
+        check_int("threads", threads, at_least=1, optional=True)
         try:
             import onnxruntime  # noqa: F401  (fail now, not at the first step)
         except ImportError as error:
@@ -131,7 +137,7 @@ class OnnxAccelerator(Accelerator):
                              "optimize_for_inference()")
         super().__init__(model)
         self.quantize = quantize
-        self.threads = torch.get_num_threads()
+        self.threads = threads or torch.get_num_threads()  # ONNX Runtime's intra-op threads
         self.sessions: dict[int | tuple, object] = {}
         self.export_seconds: dict[int | tuple, float] = {}  # per graph: its export, or its load from the cache
         self.loaded_from_cache: set = set()
@@ -159,8 +165,9 @@ class OnnxAccelerator(Accelerator):
         return binding.logits.clone()  # the bound buffer is overwritten by the next step
 
     def advances(self, rules) -> bool:
-        """Greedy rules that read only lengths run inside the graph (``DecodingRules.reads_only_lengths``)."""
-        return rules.reads_only_lengths
+        """Rules that read only the newest scores and lengths, greedy or sampled, run inside the graph
+        (``DecodingRules.runs_in_graph``)."""
+        return rules.runs_in_graph
 
     def advance(self, rules, state: DecodeState, rows: Rows) -> None:
         """:func:`hybrid.generation.stepping.advance` of every row in one call into ONNX Runtime where
@@ -170,15 +177,18 @@ class OnnxAccelerator(Accelerator):
             return
         graph = ("advance", *rules.graph_signature, state.group_size)
         binding = self._cached(("advance", *rules.graph_signature, *shape_key(state)),
-                               lambda: _AdvanceBinding(self._session(graph, rules), state.batch_size))
+                               lambda: _AdvanceBinding(self._session(graph, rules), state.batch_size,
+                                                       self.model.config.vocab_size if rules.config.do_sample else 0))
         binding.bind(state, rows)
         binding.limits[0].fill_(rules.min_new_tokens)
         binding.limits[1].fill_(rules.max_new_tokens)
+        if binding.noise is not None:
+            rules.sampling_noise(binding.noise)  # drawn as the eager step's torch.multinomial draws it
         binding.session.run_with_iobinding(binding.io)
         rows.positions.copy_(binding.next_positions)  # written apart: nothing else in the graph waits on them
 
     def _session(self, key, rules=None):
-        """The session of ``key``: a rows-per-source (the step) or ``("advance", ...)`` (the greedy step)."""
+        """The session of ``key``: a rows-per-source (the step) or ``("advance", ...)`` (a whole advance)."""
         if key not in self.sessions:
             begin = time.perf_counter()
             path = None if self.cache_dir is None else self.cache_dir / graph_key(self._weights_digest, key,
@@ -226,11 +236,14 @@ class OnnxAccelerator(Accelerator):
             graph = _AdvanceGraph(model, rules, template)
             example_rows = Rows.start(rows, 4, model.config.bos_id, rules.pad_id, "cpu")
             limit = torch.tensor(4)
-            example = (example_rows.tokens, example_rows.positions, example_rows.finished, example_rows.outputs,
-                       limit, limit + 0, *state_inputs)
             row_dims = state_shapes[0]
+            noise = [torch.ones(rows, model.config.vocab_size)] if graph.sampling else []
+            example = (example_rows.tokens, example_rows.positions, example_rows.finished, example_rows.outputs,
+                       limit, limit + 0, *noise, *state_inputs)
             outputs_length = torch.export.Dim("outputs_length", min=2, max=1 << 20)
-            shapes = (row_dims, row_dims, row_dims, {**row_dims, 1: outputs_length}, {}, {}, *state_shapes[2:])
+            memory_mask_dims, tensor_dims = state_shapes[2:]  # the rest are forward's *inputs: one tuple
+            shapes = (row_dims, row_dims, row_dims, {**row_dims, 1: outputs_length}, {}, {},
+                      (*([row_dims] if graph.sampling else []), memory_mask_dims, *tensor_dims))
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "step.onnx"
             with _quiet_exporter(), torch.no_grad():
@@ -289,17 +302,21 @@ class _StepBinding(_Binding):
 
 
 class _AdvanceBinding(_Binding):
-    """The greedy step's binding of rows and a state, all updated in place but the next positions."""
+    """The advance's binding of rows and a state, all updated in place but the next positions, and when
+    sampling (``vocab_size`` > 0) of a noise buffer that each call draws into."""
 
-    def __init__(self, session, rows: int) -> None:
+    def __init__(self, session, rows: int, vocab_size: int) -> None:
         super().__init__(session)
         self.limits = (torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long))
         self.next_positions = torch.empty(rows, dtype=torch.long)
+        self.noise = torch.empty(rows, vocab_size) if vocab_size else None
 
     def bind(self, state: DecodeState, rows: Rows) -> None:
         # The positions' update depends on no other result of the step, so ONNX Runtime may compute it
         # first: written over its input, it would move every later read. It gets a buffer of its own.
-        self._bind([rows.tokens, rows.positions, rows.finished, rows.outputs, *self.limits, *state_tensors(state)],
+        noise = [] if self.noise is None else [self.noise]
+        self._bind([rows.tokens, rows.positions, rows.finished, rows.outputs, *self.limits, *noise,
+                    *state_tensors(state)],
                    [rows.tokens, self.next_positions, rows.finished, rows.outputs, *mixer_tensors(state)])
 
 
@@ -326,8 +343,8 @@ def graph_key(weights: str, key, quantize: str | None) -> str:
     everything that shapes the graph (the weights, its kind and decoding rules, the quantization, the opset,
     the versions of hybrid's code and of the packages that trace and quantize it), then its kind in words:
     ``<digest>-step-rows3-fp32.onnx`` is the float32 step of three rows per source (beams)."""
-    if isinstance(key, tuple):  # ("advance", *DecodingRules.graph_signature, rows per source): plain greedy
-        kind = f"greedy-rows{key[-1]}"
+    if isinstance(key, tuple):  # ("advance", *DecodingRules.graph_signature, rows per source): one call a token
+        kind = f"{'sample' if key[6] else 'greedy'}-rows{key[-1]}"  # key[6]: the signature's do_sample
     else:  # rows per source: beams or samples of one source
         kind = f"step-rows{key}"
     settings = json.dumps([weights, repr(key), quantize, OPSET, _toolchain()])

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybrid.generation.config import GenerationConfig
 from hybrid.training.checkpoint import load_for_inference
+from hybrid.validators import check_int
 
 if TYPE_CHECKING:
     from hybrid.bulk import BulkJob
@@ -54,6 +55,7 @@ def load_bulk_job(cfg: DictConfig, on_error: str) -> tuple[Seq2Seq, AnyTokenizer
 
     if cfg.quantize and not cfg.optimize:
         raise ValueError("quantize needs optimize=true: quantized weights are part of the fast path")
+    set_threads(cfg.threads)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     model, tokenizer = load_for_inference(cfg.ckpt_path, device)
     job = BulkJob.for_model(model, generation_options(cfg.generation), max_tokens=cfg.max_tokens,
@@ -62,8 +64,15 @@ def load_bulk_job(cfg: DictConfig, on_error: str) -> tuple[Seq2Seq, AnyTokenizer
     if cfg.optimize:
         from hybrid.accel.onnx import cache_dir_for
 
-        model.optimize_for_inference(cfg.quantize, cache_dir=cache_dir_for(cfg.ckpt_path))
+        model.optimize_for_inference(cfg.quantize, cache_dir=cache_dir_for(cfg.ckpt_path), threads=cfg.threads)
     return model, tokenizer, job
+
+
+def set_threads(threads: int | None) -> None:
+    """A decoding verb's ``threads``: torch's intra-op threads, and so the fast path's (ONNX Runtime's, which
+    reads torch's); None leaves torch's default."""
+    if check_int("threads", threads, at_least=1, optional=True) is not None:
+        torch.set_num_threads(threads)
 
 
 def decoder_fingerprint(cfg: DictConfig) -> dict:

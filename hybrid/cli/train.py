@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from hybrid.cli.generate import set_threads
 from hybrid.training.builders import build_module, build_trainer, model_config_from, resolve_ckpt_path
 from hybrid.training.checkpoint import read_checkpoint, read_trained_model
 from hybrid.training.examples import print_examples
@@ -105,10 +106,11 @@ def _evaluate(cfg: DictConfig, verb: str) -> list[dict[str, float]]:
     module = build_module(cfg, trained.config, datamodule)
     module.model.load_state_dict(trained.state_dict)
     module.model.generation_config = trained.generation_config  # an imported model decodes as its generate()
+    set_threads(cfg.threads)
     if cfg.optimize:
         from hybrid.accel.onnx import cache_dir_for
 
-        module.model.optimize_for_inference(cfg.quantize, cache_dir=cache_dir_for(path))
+        module.model.optimize_for_inference(cfg.quantize, cache_dir=cache_dir_for(path), threads=cfg.threads)
     elif cfg.quantize:
         raise ValueError("quantize needs optimize=true: quantized weights are part of the fast path")
     trainer = build_trainer(cfg)

@@ -4,7 +4,7 @@ The strategies only talk to a session (``step``, ``reorder``, ``expand``), so th
 unchanged over the LSTM state, the KV cache, any future mixer, and the uncached loop.
 A cached session steps the model through its accelerator (:mod:`hybrid.accel`), so every
 strategy runs on the fast path once ``optimize_for_inference`` installed one; plain greedy
-decoding asks the accelerator for whole advances, one call per token where it can.
+decoding and sampling ask the accelerator for whole advances, one call per token where it can.
 Everything per step is a batched tensor operation on the model's device; the host looks
 at the device only to decide whether to drop finished sequences, every
 ``eos_check_interval`` steps.
@@ -84,7 +84,7 @@ def decode(model, src_ids: Tensor, src_mask: Tensor | None, config: GenerationCo
     if config.num_beams > 1:
         search = _beam_search
     elif session_class is not UncachedSession and _one_call_per_token(model, run):
-        search = _greedy_rows
+        search = _advance_rows
     else:
         search = _sample
     output = search(run, session)
@@ -191,38 +191,42 @@ def _sample(run: _Run, session) -> GenerateOutput:
 
 
 def _one_call_per_token(model, run: _Run) -> bool:
-    """Whether the model's accelerator can decode this call with one call per token: plain greedy decoding
-    whose rules it advances in its compiled step, one sequence per source, nothing forced, streamed or
-    returned besides ids."""
+    """Whether the model's accelerator can decode this call with one call per token: greedy decoding or
+    sampling whose rules it advances in its compiled step, nothing forced, streamed or returned besides ids."""
     config = run.config
     return (model.accelerator.advances(run.rules) and config.decoder_input_ids is None
-            and config.num_return_sequences == 1 and config.streamer is None and not config.return_dict_in_generate)
+            and config.streamer is None and not config.return_dict_in_generate)
 
 
-def _greedy_rows(run: _Run, session) -> GenerateOutput:
-    """Greedy decoding as rows that the accelerator advances in one call per token (``_one_call_per_token``);
-    finished rows leave the batch at each check, as in :func:`_sample`, which it equals token for token,
-    unless the session keeps every row."""
+def _advance_rows(run: _Run, session) -> GenerateOutput:
+    """Greedy decoding or sampling as rows that the accelerator advances in one call per token
+    (``_one_call_per_token``). It equals :func:`_sample` token for token, seeded draws included: the rows
+    are the same (``num_return_sequences`` per source, a source leaving at a check once all its rows are
+    done, unless the session keeps every row), and so are the draws (``DecodingRules.choose``)."""
     rules, accelerator, max_new_tokens = run.rules, session.model.accelerator, run.config.max_new_tokens
-    rows = Rows.start(run.sources, max_new_tokens, run.bos_id, run.pad_id, run.device)
+    copies = run.config.num_return_sequences
+    if copies > 1:
+        session.expand(copies)
+    rows = Rows.start(run.sources * copies, max_new_tokens, run.bos_id, run.pad_id, run.device)
     output = rows.outputs.clone()
-    index = torch.arange(run.sources, device=run.device)  # original row of each working row
+    index = torch.arange(run.sources * copies, device=run.device)  # original row of each working row
     width = torch.zeros((), dtype=torch.long, device=run.device)  # as in _sample
     for step in range(max_new_tokens):
         width += (~rows.finished).any()
         accelerator.advance(rules, session.state, rows)
         if run.is_check_step(step) and bool(rows.finished.any()):
-            keep = (~rows.finished).nonzero().squeeze(1)
-            if keep.numel() == 0:
+            live = ~rows.finished.view(-1, copies).all(dim=1)
+            if not bool(live.any()):
                 break
-            if session.keeps_every_row:
+            keep = live.repeat_interleave(copies).nonzero().squeeze(1)
+            if session.keeps_every_row or keep.numel() == index.numel():
                 continue
             output.index_copy_(0, index, rows.outputs)
             session.reorder(keep)
             rows, index = rows.select(keep), index[keep]
     output.index_copy_(0, index, rows.outputs)
     return GenerateOutput(sequences=output[:, :int(width)], scores=None,
-                          sequences_scores=torch.zeros(run.sources, device=run.device))
+                          sequences_scores=torch.zeros(run.sources * copies, device=run.device))
 
 
 def _beam_search(run: _Run, session) -> GenerateOutput:

@@ -175,6 +175,9 @@ class _ForcedEOS:
 # The built-in rules that read each row's generated count and fixed ids: with the standing ban alone they
 # always leave EOS or a token allowed, and they need no history, so the fast path runs them in its graph.
 _LENGTH_RULES = (_MinNewTokens, _ForcedBOS, _ForcedEOS)
+# The built-in warpers, by option name: each reads only the scores and the option's own constant, so the
+# fast path runs them in its graph too (a user's processor of their type stands under another name).
+_WARPERS = ("temperature", "top_k", "top_p", "min_p")
 
 
 class DecodingRules:
@@ -259,12 +262,26 @@ class DecodingRules:
         """The user's stopping criteria (rows,) on ``input_ids`` that end with a generated token."""
         return self.stopping(input_ids, scores)
 
-    def choose(self, scores: Tensor) -> Tensor:
-        """The next token of each row (rows,): a draw from ``softmax(scores)`` or the argmax (greedy)."""
-        if self.config.do_sample:
-            probabilities = F.softmax(scores, dim=-1)
+    def choose(self, scores: Tensor, noise: Tensor | None = None) -> Tensor:
+        """The next token of each row (rows,): a draw from ``softmax(scores)`` or the argmax (greedy).
+
+        A draw is ``torch.multinomial``'s, with ``generator``; given the ``noise`` that one would draw
+        (:meth:`sampling_noise`, drawn before the step), it is computed from it as ``torch.multinomial``
+        computes one sample: the argmax of the probabilities over the noise. That is how a compiled step
+        samples (its graph takes the noise as an input) and still draws the very tokens of the eager step.
+        """
+        if not self.config.do_sample:
+            return scores.argmax(dim=-1)
+        probabilities = F.softmax(scores, dim=-1)
+        if noise is None:
             return torch.multinomial(probabilities, 1, generator=self.config.generator).squeeze(1)
-        return scores.argmax(dim=-1)
+        return (probabilities / noise).argmax(dim=-1)
+
+    def sampling_noise(self, out: Tensor) -> Tensor:
+        """Fill ``out`` (rows, vocab) with what ``torch.multinomial(probabilities, 1, generator)`` draws for
+        one sample of each row (an exponential variate per token, from ``config.generator``, or torch's
+        default generator), advancing the generator as it would: :meth:`choose` turns it into the tokens."""
+        return out.exponential_(1.0, generator=self.config.generator)
 
     def with_length_limits(self, min_new_tokens: int | Tensor, max_new_tokens: int | Tensor) -> DecodingRules:
         """These rules with other length limits, ints or 0-d tensors: the fast path exports the rules once
@@ -285,17 +302,22 @@ class DecodingRules:
 
     @property
     def graph_signature(self) -> tuple:
-        """Every id that rules which read only lengths depend on: what the fast path's greedy graph holds
-        as constants (the length limits are its inputs), so a graph is made, and cached, once per value."""
+        """Every constant that rules which run in a graph (:attr:`runs_in_graph`) depend on: the ids, and when
+        sampling the warpers' settings. The fast path's graph holds them as constants (the length limits and
+        the sampling noise are its inputs), so a graph is made, and cached, once per value."""
+        config = self.config
+        sampling = (config.temperature, config.top_k, config.top_p, config.min_p) if config.do_sample else ()
         return (tuple(self.suppressed), tuple(self.eos_ids), self.pad_id, self.forced_bos_id,
-                tuple(self.forced_eos_ids or ()))
+                tuple(self.forced_eos_ids or ()), config.do_sample, *sampling)
 
     @property
-    def reads_only_lengths(self) -> bool:
-        """True when every rule is the minimum length, a forced BOS or EOS or the suppressed ids, and the
-        choice is greedy: then the rules depend on nothing but the counts (and the ids of
-        :attr:`graph_signature`), and the fast path can run them inside its graph."""
-        return not self.can_ban_every_token and not self.config.do_sample and not self.stopping
+    def runs_in_graph(self) -> bool:
+        """True when every rule is the minimum length, a forced BOS or EOS, the suppressed ids or a built-in
+        warper (temperature, top-k, top-p, min-p), and no stopping criterion is given: then the rules read
+        nothing but the newest scores, each row's count and the constants of :attr:`graph_signature`, and the
+        fast path runs them, and the choice (greedy, or a draw from noise passed in), inside its graph."""
+        return not self.stopping and all(isinstance(rule, _LENGTH_RULES) or rule.name in (_SUPPRESSED, *_WARPERS)
+                                         for rule in self.chain)
 
     def continuous_batching_obstacles(self) -> list[str]:
         """What of these options rows at different positions (continuous refill) cannot honour, by name; empty

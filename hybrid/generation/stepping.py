@@ -43,18 +43,20 @@ class Rows:
         return Rows(*(tensor[index] for tensor in dataclasses.astuple(self)))
 
 
-def advance(step: Callable[[Tensor, object, Tensor], Tensor], rules, state, rows: Rows) -> Tensor:
+def advance(step: Callable[[Tensor, object, Tensor], Tensor], rules, state, rows: Rows,
+            noise: Tensor | None = None) -> Tensor:
     """Step every row once, in place, and return the processed scores (B, vocab).
 
     Each row feeds its token at its own position (``step`` is an accelerator's step or the eager
-    step an accelerator compiles), its next token is chosen by ``rules``, written at its
-    position in ``rows.outputs``, and the rows that end are marked. A finished row takes padding
-    and keeps its position (below the state's capacity) until its caller drops or refills it.
+    step an accelerator compiles), its next token is chosen by ``rules`` (a sample from ``noise``
+    where it is given: ``DecodingRules.choose``), written at its position in ``rows.outputs``, and
+    the rows that end are marked. A finished row takes padding and keeps its position (below the
+    state's capacity) until its caller drops or refills it.
     """
     last = rules.max_new_tokens - 1
     logits = step(rows.tokens, state, rows.positions.clamp(max=last))
     scores = rules.process(rows.tokens[:, None], logits.float(), rows.positions)  # only the newest column
-    tokens = rules.choose(scores).masked_fill(rows.finished, rules.pad_id)
+    tokens = rules.choose(scores, noise).masked_fill(rows.finished, rules.pad_id)
     rows.outputs.scatter_(1, rows.positions[:, None], tokens[:, None])
     rows.positions += ~rows.finished
     ended = rules.ends(tokens, rows.positions)

@@ -8,10 +8,11 @@ import torch
 import torch.nn.functional as F
 from conftest import padded_batch, tiny_model
 
-from hybrid import MIXERS
+from hybrid import MIXERS, ModelConfig
 from hybrid.generation import engine
 from hybrid.generation.config import GenerationConfig
 from hybrid.generation.processors import SuppressTokensLogitsProcessor
+from hybrid.generation.rules import DecodingRules
 from hybrid.generation.sessions import StaticSession
 from hybrid.generation.streamers import TokenStreamer
 
@@ -377,3 +378,23 @@ def test_host_syncs_do_not_grow_with_the_number_of_steps(options):
         return sum("synchroniz" in str(w.message) for w in caught)
 
     assert count_syncs(8) == count_syncs(64)
+
+
+@pytest.mark.parametrize(("rows", "vocab"), [(1, 4), (5, 40), (3, 5000)])
+def test_a_draw_from_noise_is_torch_multinomials_draw(rows, vocab):
+    # The fast path samples inside its graph from noise drawn before the step (DecodingRules.sampling_noise):
+    # it must give multinomial's tokens and leave the generator where multinomial leaves it, or seeded
+    # sampling on the fast path would not reproduce the eager path's.
+    scores = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(vocab)) * 4
+    scores[:, ::3] = float("-inf")  # banned tokens: probability 0, never drawn
+    rules = DecodingRules(GenerationConfig(do_sample=True, generator=torch.Generator()),
+                          ModelConfig(vocab_size=vocab, d_model=8, n_heads=1, d_ff=8))
+    for seed in range(20):
+        rules.config.generator.manual_seed(seed)
+        drawn = rules.choose(scores)
+        after_multinomial = rules.config.generator.get_state()
+        rules.config.generator.manual_seed(seed)
+        from_noise = rules.choose(scores, rules.sampling_noise(torch.empty(rows, vocab)))
+        assert torch.equal(from_noise, drawn)
+        assert torch.equal(rules.config.generator.get_state(), after_multinomial)
+        assert not bool((from_noise % 3 == 0).any())

@@ -175,7 +175,7 @@ def test_the_fast_greedy_graph_runs_forced_tokens_and_keeps_one_graph_per_forced
     eager, fast = family_model("marian", ["lstm"]), family_model("marian", ["lstm"]).optimize_for_inference()
     src = family_sources("marian")
     for options in (dict(forced_eos_token_id=0), dict(forced_eos_token_id=9, forced_bos_token_id=5)):
-        assert DecodingRules(GenerationConfig(**options), fast.config).reads_only_lengths  # inside the graph
+        assert DecodingRules(GenerationConfig(**options), fast.config).runs_in_graph  # inside the graph
         for max_new_tokens in (3, 6):
             expected = generate(eager, src, max_new_tokens=max_new_tokens, min_new_tokens=3, **options)
             assert torch.equal(generate(fast, src, max_new_tokens=max_new_tokens, min_new_tokens=3, **options),
