@@ -42,7 +42,7 @@ class Contender:
     name: str
     parameters: int
     prefill: Callable[[Tensor], object]  # encoder + cross-attention keys/values (+ state allocation)
-    generate: Callable[[Tensor, int], Tensor]  # greedy: (batch, N) new token ids, no start token
+    generate: Callable[[Tensor, int], Tensor]  # (batch, N) new token ids, no start token, by the cell's strategy
     state_bytes: Callable[[int, int, int], int]  # (batch, source_length, new_tokens) -> bytes
     step_reads: StepReads  # the bytes a decode step reads: its floor
     max_new_tokens: int | None = None  # longer cells are skipped (the uncached loop is quadratic)
@@ -51,6 +51,7 @@ class Contender:
     prefill_steps: int = 0  # decode steps that ``prefill`` runs too (an engine with no encoder-only call)
     setup_seconds: float | None = None  # export or compilation, paid once per process (timed apart)
     mixer: str | None = None  # the registered mixer of every decoder layer, for our eager rows; else None
+    generation: dict = dataclasses.field(default_factory=dict)  # our generate()'s strategy options (strategy_options)
 
 
 def model_config(shape: dict, mixers: str | list[str], lstm_hidden_size: int | None = None) -> ModelConfig:
@@ -74,12 +75,53 @@ def parameter_matched_lstm_width(shape: dict) -> int:
     return best
 
 
+STRATEGY_OPTIONS = ("num_beams", "do_sample", "top_k", "top_p", "temperature")
+
+
+def strategy_options(generation: dict) -> dict:
+    """The decoding strategy of every cell, from the bench's ``generation`` settings (transformers' names:
+    ``num_beams``; ``do_sample`` with ``top_k``, ``top_p``, ``temperature``), as ``generate()`` takes it:
+    the sampling options only when sampling. Any other option is refused, naming what is allowed, since
+    each must also be mapped to CTranslate2 (:func:`ctranslate2_options`)."""
+    unknown = sorted(set(generation) - set(STRATEGY_OPTIONS))
+    if unknown:
+        raise ValueError(f"generation takes {', '.join(STRATEGY_OPTIONS)} (each mapped to CTranslate2 too), "
+                         f"got {unknown}")
+    options = {"num_beams": generation.get("num_beams", 1)}
+    if generation.get("do_sample"):
+        options.update(do_sample=True, top_k=generation.get("top_k", 50), top_p=generation.get("top_p", 1.0),
+                       temperature=generation.get("temperature", 1.0))
+    return options
+
+
+def strategy_name(options: dict) -> str:
+    """:func:`strategy_options` in words, for tables: "greedy", "beam 4", "sampling (top-k 10)"."""
+    if options.get("do_sample"):
+        settings = [f"top-k {options['top_k']}" if options.get("top_k") else "",
+                    f"top-p {options['top_p']}" if options.get("top_p", 1.0) < 1.0 else "",
+                    f"temperature {options['temperature']}" if options.get("temperature", 1.0) != 1.0 else ""]
+        return "sampling" + (f" ({', '.join(filter(None, settings))})" if any(settings) else "")
+    beams = options.get("num_beams", 1)
+    return f"beam {beams}" if beams > 1 else "greedy"
+
+
+def ctranslate2_options(generation: dict) -> dict:
+    """:func:`strategy_options` in ``translate_batch``'s words: beams, or sampling from the top k (CTranslate2's
+    top k of 1 is greedy; 0, like transformers' ``top_k=0``, the whole vocabulary), top p and temperature."""
+    options = strategy_options(generation)
+    if not options.get("do_sample"):
+        return {"beam_size": options["num_beams"]}
+    return {"beam_size": 1, "sampling_topk": options["top_k"] or 0, "sampling_topp": options["top_p"],
+            "sampling_temperature": options["temperature"]}
+
+
 def ours(name: str, model: Seq2Seq, use_cache: bool = True, max_new_tokens: int | None = None,
-         eos_check_interval: int | None = None, mixer: str | None = None) -> Contender:
+         eos_check_interval: int | None = None, mixer: str | None = None, generation: dict | None = None) -> Contender:
+    options = strategy_options(generation or {})
 
     def generate(src: Tensor, new_tokens: int) -> Tensor:
         return model.generate(src, max_new_tokens=new_tokens, min_new_tokens=new_tokens, use_cache=use_cache,
-                              eos_check_interval=eos_check_interval)
+                              eos_check_interval=eos_check_interval, **options)
 
     def state_bytes(batch: int, source_length: int, new_tokens: int) -> int:
         src = torch.full((batch, source_length), 3, device=next(model.parameters()).device)
@@ -89,7 +131,7 @@ def ours(name: str, model: Seq2Seq, use_cache: bool = True, max_new_tokens: int 
         return model.start(src, max_steps=1)
 
     return Contender(name, model.num_parameters(), prefill, generate, state_bytes, seq2seq_reads(model),
-                     max_new_tokens, model, mixer=mixer)
+                     max_new_tokens, model, mixer=mixer, generation=generation or {})
 
 
 def fast(contender: Contender, quantize: str | None = None) -> Contender:
@@ -98,9 +140,11 @@ def fast(contender: Contender, quantize: str | None = None) -> Contender:
     here, in a short warm-up decode, and its time is the row's ``setup_seconds``."""
     model = copy.deepcopy(contender.model).optimize_for_inference(quantize)
     src = torch.full((1, 4), 3, device=next(model.parameters()).device)
-    model.generate(src, max_new_tokens=2, min_new_tokens=2)  # exports (or captures) the plain greedy path
+    # Exports (or captures) the cells' path: one advance per token for greedy decoding and sampling.
+    model.generate(src, max_new_tokens=2, min_new_tokens=2, **strategy_options(contender.generation))
     setup = model.accelerator.setup_seconds
-    row = ours(f"{contender.name}+{quantize or 'fast'}", model, max_new_tokens=contender.max_new_tokens)
+    row = ours(f"{contender.name}+{quantize or 'fast'}", model, max_new_tokens=contender.max_new_tokens,
+               generation=contender.generation)
     return dataclasses.replace(row, step_reads=seq2seq_reads(model, int8=quantize == "int8"), setup_seconds=setup)
 
 
@@ -124,8 +168,9 @@ def inductor(contender: Contender) -> Contender:
     model.accelerator = _InductorStep(model)
     begin = time.perf_counter()
     model.generate(torch.full((1, 4), 3, device=next(model.parameters()).device), max_new_tokens=2,
-                   min_new_tokens=2)
-    row = ours(f"{contender.name}+inductor", model, max_new_tokens=contender.max_new_tokens)
+                   min_new_tokens=2, **strategy_options(contender.generation))
+    row = ours(f"{contender.name}+inductor", model, max_new_tokens=contender.max_new_tokens,
+               generation=contender.generation)
     return dataclasses.replace(row, setup_seconds=time.perf_counter() - begin)
 
 
@@ -149,14 +194,16 @@ def bart_model(shape: dict) -> BartForConditionalGeneration | None:
     return BartForConditionalGeneration(config).eval()
 
 
-def hugging_face_bart(model: BartForConditionalGeneration, device, dtype, max_new_tokens: int | None) -> Contender:
+def hugging_face_bart(model: BartForConditionalGeneration, device, dtype, max_new_tokens: int | None,
+                      generation: dict | None = None) -> Contender:
     """``model`` (a :func:`bart_model`), moved to ``device`` and ``dtype``, decoding through its own generate()."""
     model = model.to(device=device, dtype=dtype)
     reads = bart_reads(model, torch.finfo(dtype).bits // 8)
+    options = {"do_sample": False, **strategy_options(generation or {})}
 
     def generate(src: Tensor, new_tokens: int) -> Tensor:
         output = model.generate(src, attention_mask=torch.ones_like(src), max_new_tokens=new_tokens,
-                                min_new_tokens=new_tokens, do_sample=False, num_beams=1)
+                                min_new_tokens=new_tokens, **options)
         return output[:, 1:]  # the new tokens, like every contender: not the decoder start token
 
     def prefill(src: Tensor):
@@ -167,11 +214,12 @@ def hugging_face_bart(model: BartForConditionalGeneration, device, dtype, max_ne
 
 
 def ctranslate2_bart(model: BartForConditionalGeneration, compute_types: list[str], threads: int,
-                     device) -> list[Contender]:
+                     device, generation: dict | None = None) -> list[Contender]:
     """CTranslate2 running ``model`` (a :func:`bart_model`) converted by its own converter, one row per
     compute type that CTranslate2 supports on ``device``; none, with a logged note, when it is not installed.
 
-    Greedy, exactly N tokens (``min_decoding_length = max_decoding_length = N``), ``threads`` intra-op
+    The cells' strategy (:func:`ctranslate2_options`: greedy, beams or sampling), exactly N tokens
+    (``min_decoding_length = max_decoding_length = N``), ``threads`` intra-op
     threads and one translator. CTranslate2 takes tokens as strings: the converter names its vocabulary
     after the tokenizer's (:func:`_id_tokenizer` names each token by its id), and the ids every contender
     gets are mapped through the converted model's own vocabulary file. Its config adds no BOS or EOS to
@@ -203,6 +251,7 @@ def ctranslate2_bart(model: BartForConditionalGeneration, compute_types: list[st
                        for compute_type in compute_types if compute_type in supported}
     ids = {token: position for position, token in enumerate(vocabulary)}
     parameters = sum(p.numel() for p in model.parameters())
+    options = ctranslate2_options(generation or {})
 
     def contender(compute_type: str, translator) -> Contender:
         # Float tensors (biases, norms, activations, caches) take float16 or bfloat16 where the
@@ -211,9 +260,9 @@ def ctranslate2_bart(model: BartForConditionalGeneration, compute_types: list[st
 
         def translate(src: Tensor, new_tokens: int):
             source = [[vocabulary[i] for i in row] for row in src.tolist()]
-            # max_input_length=0: never truncate the source; beam_size defaults to 2, greedy is 1.
-            return translator.translate_batch(source, beam_size=1, min_decoding_length=new_tokens,
-                                              max_decoding_length=new_tokens, max_input_length=0)
+            # max_input_length=0: never truncate the source; beam_size defaults to 2, so it is always given.
+            return translator.translate_batch(source, min_decoding_length=new_tokens, max_decoding_length=new_tokens,
+                                              max_input_length=0, **options)
 
         def generate(src: Tensor, new_tokens: int) -> Tensor:
             return torch.tensor([[ids[token] for token in result.hypotheses[0]]
@@ -274,13 +323,16 @@ def build_contenders(shape: dict, settings: dict, device, dtype) -> list[Contend
     def build(mixers, lstm_hidden_size=None) -> Seq2Seq:
         return Seq2Seq(model_config(shape, mixers, lstm_hidden_size)).to(device=device, dtype=dtype).eval()
 
-    contenders = [ours(mixer_row(name), build(name), mixer=name) for name in MIXERS]
+    generation = dict(settings.get("generation") or {})
+    strategy_options(generation)  # refused here, before any model is built, when it names an unknown option
+    contenders = [ours(mixer_row(name), build(name), mixer=name, generation=generation) for name in MIXERS]
     attention = contenders[list(MIXERS).index("attention")].model
     contenders += [
         dataclasses.replace(ours("attention-no-cache", attention, use_cache=False,
-                                 max_new_tokens=settings["uncached_max_new_tokens"]),
+                                 max_new_tokens=settings["uncached_max_new_tokens"], generation=generation),
                             max_batch=settings["uncached_max_batch"]),
-        ours("lstm-param-matched", build("lstm", parameter_matched_lstm_width(shape)), mixer="lstm"),
+        ours("lstm-param-matched", build("lstm", parameter_matched_lstm_width(shape)), mixer="lstm",
+             generation=generation),
     ]
     on_gpu = torch.device(device).type == "cuda"
     for base in [c for c in contenders if c.name in settings["fast"]]:
@@ -292,10 +344,11 @@ def build_contenders(shape: dict, settings: dict, device, dtype) -> list[Contend
     bart = bart_model(shape) if settings["huggingface_bart"] or settings["ctranslate2"] else None
     if bart is not None:
         # Converted first: the transformers row then moves the same model to the benchmark's device and dtype.
-        ctranslate2_rows = (ctranslate2_bart(bart, settings["ctranslate2_compute_types"][torch.device(device).type],
-                                             settings["threads"], device) if settings["ctranslate2"] else [])
+        compute_types = settings["ctranslate2_compute_types"][torch.device(device).type]
+        ctranslate2_rows = (ctranslate2_bart(bart, compute_types, settings["threads"], device, generation)
+                            if settings["ctranslate2"] else [])
         if settings["huggingface_bart"]:
-            contenders.append(hugging_face_bart(bart, device, dtype, settings["bart_max_new_tokens"]))
+            contenders.append(hugging_face_bart(bart, device, dtype, settings["bart_max_new_tokens"], generation))
         contenders += ctranslate2_rows
     caps = settings["row_max_new_tokens"] or {}
     contenders = [dataclasses.replace(c, max_new_tokens=min(caps[c.name], c.max_new_tokens or caps[c.name]))

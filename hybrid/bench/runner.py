@@ -1,4 +1,4 @@
-"""``hybrid bench``: time greedy decoding of every contender over a grid of (batch, new tokens) cells.
+"""``hybrid bench``: time decoding (greedy, beams or sampling) of every contender over (batch, new tokens) cells.
 
 Method (see ../shared/BENCHMARKING.md): every contender decodes exactly N new tokens
 (EOS ignored via ``min_new_tokens``); warm-up runs are excluded; contenders are
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from hybrid.bench.contenders import Contender, build_contenders, mixer_row
+from hybrid.bench.contenders import Contender, build_contenders, mixer_row, strategy_name, strategy_options
 from hybrid.bench.floor import last_level_cache_bytes
 from hybrid.bench.metadata import run_metadata
 from hybrid.bench.timing import timed
@@ -82,7 +82,7 @@ def run_benchmark(settings: dict) -> dict:
             **run_metadata(device), "dtype": settings["dtype"], "source_length": settings["source_length"],
             "seed": settings["seed"], "repeats": settings["repeats"],
             "memory_bandwidth_gb_s": bandwidth / 1e9, "last_level_cache_bytes": last_level_cache_bytes(device),
-            "model": dict(shape),
+            "model": dict(shape), "generation": strategy_options(dict(settings.get("generation") or {})),
         },
         "rows": rows,
         "profile": profiles,
@@ -337,6 +337,7 @@ def markdown_summary(results: dict) -> str:
     """The headline ratios and the batch-1 length sweep as Markdown, for READMEs and notes."""
     meta = results["meta"]
     lines = [f"{meta['device_name']}, {meta['dtype']}, {meta['threads']} threads, torch {meta['torch']}, "
+             f"{strategy_name(meta.get('generation', {}))}, "
              f"commit {meta['git_commit'][:10]}, {meta['date']}, "
              f"memory bandwidth {meta['memory_bandwidth_gb_s']:.1f} GB/s", "",
              "| target | needed | measured | met |", "|---|---|---|---|"]
@@ -394,7 +395,8 @@ def print_table(results: dict, console=None) -> None:
     from rich.table import Table
 
     meta = results["meta"]
-    table = Table(title=f"decoding on {meta['device_name']} ({meta['dtype']}, {meta['threads']} threads, "
+    table = Table(title=f"{strategy_name(meta.get('generation', {}))} on {meta['device_name']} "
+                        f"({meta['dtype']}, {meta['threads']} threads, "
                         f"{meta['memory_bandwidth_gb_s']:.1f} GB/s)")
     for column in ("model", "batch", "new tokens", "ms/token", "min", "max", "tokens/s", "prefill ms",
                    "state MiB", "params", "floor ms", "x floor"):

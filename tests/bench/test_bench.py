@@ -285,3 +285,37 @@ def test_plots_of_a_grid_with_lines_missing_do_not_warn():
         drawn = figures({"meta": floor_results(1)["meta"], "rows": rows})
     assert drawn["ms_per_token"].axes[0].get_legend() is not None  # the one plot with a line keeps its legend
     assert drawn["throughput"].axes[0].get_legend() is None
+
+
+@pytest.mark.parametrize(("overrides", "name", "ctranslate2"), [
+    (["generation.num_beams=2"], "beam 2", {"beam_size": 2}),
+    (["generation.do_sample=true", "generation.top_k=5", "generation.temperature=0.7"],
+     "sampling (top-k 5, temperature 0.7)",
+     {"beam_size": 1, "sampling_topk": 5, "sampling_topp": 1.0, "sampling_temperature": 0.7}),
+], ids=["beams", "sampling"])
+def test_every_contender_decodes_n_tokens_with_the_cells_strategy(tmp_path, overrides, name, ctranslate2):
+    pytest.importorskip("ctranslate2")
+    from hybrid.bench.contenders import ctranslate2_options, strategy_name, strategy_options
+
+    generation = dict(override.removeprefix("generation.").split("=") for override in overrides)
+    generation = {key: json.loads(value) for key, value in generation.items()}
+    assert strategy_name(strategy_options(generation)) == name
+    assert ctranslate2_options(generation) == ctranslate2
+    run = subprocess.run([sys.executable, "-m", "hybrid.cli", "bench", "bench=tiny", f"output_dir={tmp_path}",
+                          "models=[lstm,lstm+fast,bart-hf-generate,bart-ct2-float32]", "cells=[[2,12]]",
+                          "fast_quantize=[null]", "profile=false", "repeats=1", *overrides],
+                         cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    results = json.loads((tmp_path / "results.json").read_text())
+    # The runner refuses a row whose calls decode other than N tokens, so every row here decoded 12 with it.
+    assert {row["model"] for row in results["rows"]} == {"lstm", "lstm+fast", "bart-hf-generate", "bart-ct2-float32"}
+    assert strategy_name(results["meta"]["generation"]) == name
+    assert f", {name}, commit " in (tmp_path / "summary.md").read_text().splitlines()[0]
+
+
+def test_a_strategy_option_the_bench_cannot_map_to_ctranslate2_is_refused():
+    from hybrid.bench.contenders import strategy_options
+
+    with pytest.raises(ValueError, match=r"generation takes num_beams, do_sample, top_k, top_p, temperature.*"
+                                         r"\['no_repeat_ngram_size'\]"):
+        strategy_options({"num_beams": 2, "no_repeat_ngram_size": 3})

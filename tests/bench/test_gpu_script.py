@@ -17,3 +17,6 @@ def test_the_gpu_script_runs_its_steps_on_the_cpu(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["meta"]["device"] == "cpu" and {"lstm+fast", "bart-ct2-float32"} <= {
         row["model"] for row in results["rows"]}
+    for strategy, expected in (("beam4", {"num_beams": 4}), ("sampling", {"do_sample": True, "top_k": 10})):
+        meta = json.loads((tmp_path / strategy / "results.json").read_text())["meta"]
+        assert expected.items() <= meta["generation"].items(), strategy
