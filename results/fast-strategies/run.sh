@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The decoding strategies on the fast path against CTranslate2 (issue 31's cells), at the bench's default
-# shape (d_model 256, 3+3 layers, vocabulary 128), one intra-op thread, contenders interleaved in each repeat.
+# shape (d_model 256, 3+3 layers, vocabulary 128), one and two intra-op threads, contenders interleaved in each repeat.
 # Each strategy is one `hybrid bench` run, so ratios are read within a run, never across runs.
 # Usage: bash results/fast-strategies/run.sh [output folder]   (about 10 minutes on 2 cores)
 set -euo pipefail
 out=${1:-results/fast-strategies}
-common=(threads=1 profile=false repeats=5 huggingface_bart=false "fast=[lstm,attention+kv-cache]"
+common=(profile=false repeats=5 huggingface_bart=false "fast=[lstm,attention+kv-cache]"
         "models=[lstm+fast,lstm+int8,attention+kv-cache+fast,bart-ct2-float32,bart-ct2-int8]")
-hybrid bench "${common[@]}" "cells=[[1,128]]" output_dir="$out/greedy"
-hybrid bench "${common[@]}" generation.do_sample=true generation.top_k=10 "cells=[[1,128]]" output_dir="$out/sampling"
-hybrid bench "${common[@]}" generation.num_beams=4 "cells=[[1,128],[32,64]]" output_dir="$out/beam4"
+hybrid bench "${common[@]}" threads=1 "cells=[[1,128]]" output_dir="$out/greedy"
+hybrid bench "${common[@]}" threads=1 generation.do_sample=true generation.top_k=10 "cells=[[1,128]]" output_dir="$out/sampling"
+hybrid bench "${common[@]}" threads=1 generation.num_beams=4 "cells=[[1,128],[32,64]]" output_dir="$out/beam4"
+# Two intra-op threads for every engine (torch, ONNX Runtime, CTranslate2's intra_threads): greedy and sampling.
+hybrid bench "${common[@]}" threads=2 "cells=[[1,128],[32,64]]" output_dir="$out/greedy-2threads"
+hybrid bench "${common[@]}" threads=2 generation.do_sample=true generation.top_k=10 "cells=[[1,128],[32,64]]" \
+    output_dir="$out/sampling-2threads"
 python - "$out" <<'PY'
 # Each strategy's ms/token over CTranslate2's at the same precision, from each run's own rows.
 import json, sys
@@ -17,7 +21,9 @@ from pathlib import Path
 out = Path(sys.argv[1])
 lines = ["| strategy | batch x tokens | lstm+fast / CT2 fp32 | lstm+int8 / CT2 int8 | attention+fast / CT2 fp32 |",
          "|---|---|---|---|---|"]
-for strategy in ("greedy", "sampling", "beam4"):
+for strategy in ("greedy", "sampling", "beam4", "greedy-2threads", "sampling-2threads"):
+    if not (out / strategy / "results.json").exists():
+        continue
     rows = json.loads((out / strategy / "results.json").read_text())["rows"]
     for batch, tokens in sorted({(r["batch"], r["new_tokens"]) for r in rows}):
         ms = {r["model"]: r["ms_per_token"] for r in rows if (r["batch"], r["new_tokens"]) == (batch, tokens)}
