@@ -175,7 +175,7 @@ class OnnxAccelerator(Accelerator):
         if not self.advances(rules):
             super().advance(rules, state, rows)
             return
-        graph = ("advance", *rules.graph_signature, state.group_size)
+        graph = ("advance", "sample" if rules.config.do_sample else "greedy", *rules.graph_signature, state.group_size)
         binding = self._cached(("advance", *rules.graph_signature, *shape_key(state)),
                                lambda: _AdvanceBinding(self._session(graph, rules), state.batch_size,
                                                        self.model.config.vocab_size if rules.config.do_sample else 0))
@@ -188,7 +188,8 @@ class OnnxAccelerator(Accelerator):
         rows.positions.copy_(binding.next_positions)  # written apart: nothing else in the graph waits on them
 
     def _session(self, key, rules=None):
-        """The session of ``key``: a rows-per-source (the step) or ``("advance", ...)`` (a whole advance)."""
+        """The session of ``key``: a rows-per-source (the step) or ``("advance", "greedy" or "sample", ...)``
+        (a whole advance)."""
         if key not in self.sessions:
             begin = time.perf_counter()
             path = None if self.cache_dir is None else self.cache_dir / graph_key(self._weights_digest, key,
@@ -343,8 +344,8 @@ def graph_key(weights: str, key, quantize: str | None) -> str:
     everything that shapes the graph (the weights, its kind and decoding rules, the quantization, the opset,
     the versions of hybrid's code and of the packages that trace and quantize it), then its kind in words:
     ``<digest>-step-rows3-fp32.onnx`` is the float32 step of three rows per source (beams)."""
-    if isinstance(key, tuple):  # ("advance", *DecodingRules.graph_signature, rows per source): one call a token
-        kind = f"{'sample' if key[6] else 'greedy'}-rows{key[-1]}"  # key[6]: the signature's do_sample
+    if isinstance(key, tuple):  # ("advance", "greedy" or "sample", *DecodingRules.graph_signature, rows per source)
+        kind = f"{key[1]}-rows{key[-1]}"
     else:  # rows per source: beams or samples of one source
         kind = f"step-rows{key}"
     settings = json.dumps([weights, repr(key), quantize, OPSET, _toolchain()])

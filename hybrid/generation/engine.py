@@ -168,13 +168,11 @@ def _sample(run: _Run, session) -> GenerateOutput:
             ended |= rules.stops(sequences[:, :step + 2], scores)
         finished |= ~forced & ended
         if run.is_check_step(step):
-            # Samples of one source share its memory, so a source leaves when all its samples are done.
-            live = ~finished.view(-1, copies).all(dim=1)
+            keep = _rows_still_running(finished, copies)
             if session.keeps_every_row:
-                if not bool(live.any()):
+                if keep.numel() == 0:
                     break
                 continue
-            keep = live.repeat_interleave(copies).nonzero().squeeze(1)
             if keep.numel() < rows.numel():
                 output.index_copy_(0, rows, sequences)
                 all_logprobs.index_copy_(0, rows, logprob_sums)
@@ -188,6 +186,12 @@ def _sample(run: _Run, session) -> GenerateOutput:
     return GenerateOutput(sequences=output[:, 1:int(width) + 1],
                           scores=tuple(step_scores) if run.keep_scores else None,
                           sequences_scores=all_logprobs)
+
+
+def _rows_still_running(finished: Tensor, copies: int) -> Tensor:
+    """The indices of the working rows whose source has a row still running. The ``copies`` rows of one source
+    (its samples) share its memory, so a source leaves the batch only once all of them are done."""
+    return (~finished.view(-1, copies).all(dim=1)).repeat_interleave(copies).nonzero().squeeze(1)
 
 
 def _one_call_per_token(model, run: _Run) -> bool:
@@ -215,10 +219,9 @@ def _advance_rows(run: _Run, session) -> GenerateOutput:
         width += (~rows.finished).any()
         accelerator.advance(rules, session.state, rows)
         if run.is_check_step(step) and bool(rows.finished.any()):
-            live = ~rows.finished.view(-1, copies).all(dim=1)
-            if not bool(live.any()):
+            keep = _rows_still_running(rows.finished, copies)
+            if keep.numel() == 0:
                 break
-            keep = live.repeat_interleave(copies).nonzero().squeeze(1)
             if session.keeps_every_row or keep.numel() == index.numel():
                 continue
             output.index_copy_(0, index, rows.outputs)
