@@ -77,3 +77,13 @@ def test_a_compute_type_the_device_lacks_is_skipped_with_a_note(varied_bart, mon
         made = ctranslate2_bart(varied_bart, ["float32", "int8"], threads=1, device="cpu")
     assert [row.name for row in made] == ["bart-ct2-float32"]
     assert "does not support compute type int8" in caplog.text
+
+
+def test_the_benchmarks_beam_strategy_decodes_what_transformers_beam_search_decodes(varied_bart):
+    # generation.num_beams reaches CTranslate2 as beam_size (hybrid.bench.contenders.ctranslate2_options): with
+    # every hypothesis exactly N tokens long, both searches keep the best-scoring one.
+    src = source(4, 9)
+    row = ctranslate2_bart(varied_bart, ["float32"], threads=1, device="cpu", generation={"num_beams": 3})[0]
+    expected = varied_bart.generate(src, attention_mask=torch.ones_like(src), max_new_tokens=8, min_new_tokens=8,
+                                    do_sample=False, num_beams=3)[:, 1:]
+    assert torch.equal(row.generate(src, 8), expected)
