@@ -29,6 +29,8 @@ from conftest import (
 
 from hybrid import Seq2Seq
 from hybrid.accel.onnx import OnnxAccelerator, cache_dir_for, graph_key, weights_digest
+from hybrid.generation import beams, engine
+from hybrid.generation.config import GenerationConfig
 from hybrid.generation.refill import RefillDecoder, Source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,19 +126,53 @@ def test_plain_greedy_takes_one_exported_call_per_token(pair, options=None):
     out = run(fast)
     assert torch.equal(out, run(eager))
     # A second decode of the same shape reuses what the first one made: no export, the same bindings; and
-    # every column it generates is one advance, one call into ONNX Runtime, with nothing else stepping the model.
+    # every token it decodes is one advance, one call into ONNX Runtime, with nothing else stepping the model.
     compiled, sessions = dict(fast.accelerator.compiled), dict(fast.accelerator.sessions)
     advances, session_runs = [], []
-    original = type(fast.accelerator).advance
+    advance = "advance_beams" if options.get("num_beams", 1) > 1 else "advance"
+    original = getattr(type(fast.accelerator), advance)
     with pytest.MonkeyPatch.context() as patch:
         for session in sessions.values():
             patch.setattr(session, "run_with_iobinding",
                           lambda *args, run=session.run_with_iobinding: session_runs.append(1) or run(*args))
-        patch.setattr(type(fast.accelerator), "advance", lambda *args: advances.append(1) or original(*args))
+        patch.setattr(type(fast.accelerator), advance, lambda *args: advances.append(1) or original(*args))
         patch.setattr(type(fast.accelerator), "step", lambda *args: pytest.fail("the step ran apart from the rules"))
         assert torch.equal(run(fast), out)
-    assert len(advances) == len(session_runs) == out.shape[1]
+    assert len(advances) == len(session_runs)
+    if advance == "advance":  # a row is as long as the steps it took; a beam search returns its best hypotheses
+        assert len(advances) == out.shape[1]
+    else:
+        assert out.shape[1] <= len(advances) <= 12
     assert fast.accelerator.compiled == compiled and fast.accelerator.sessions == sessions
+
+
+def test_beam_search_takes_one_exported_call_per_token(pair):
+    test_plain_greedy_takes_one_exported_call_per_token(pair, dict(num_beams=3, num_return_sequences=2))
+
+
+@pytest.mark.parametrize("options", [
+    dict(num_beams=4, early_stopping=True, eos_token_id=[2, 7], forced_bos_token_id=5, num_return_sequences=2),
+    dict(num_beams=2, early_stopping="never", length_penalty=1.5, min_new_tokens=3, forced_eos_token_id=6),
+    dict(num_beams=3, length_penalty=-0.5, num_return_sequences=3),
+], ids=["early-eos-list-forced-bos", "never-min-length-forced-eos", "negative-penalty"])
+def test_beam_search_in_the_graph_equals_eager_in_every_mode(options):
+    """Tokens identical and scores within 1e-4 of the eager beam search, with each early_stopping mode,
+    num_return_sequences, EOS lists and the length rules, all run inside the exported graph."""
+    eager, fast = mixed_pair()
+    src = padded_batch(LENGTHS, seed=37)
+    expected = eager.generate(src, max_new_tokens=14, return_dict_in_generate=True, **options)
+    with torch.inference_mode():
+        run = engine._Run(fast, GenerationConfig.from_kwargs(max_new_tokens=14, **options), src)
+        assert engine._one_call_per_token(fast, run)
+        got = beams.beam_search_by_advances(run, engine.CachedSession(fast, src, None, run.total_steps))
+    assert torch.equal(got.sequences, expected.sequences)
+    assert (got.sequences_scores - expected.sequences_scores).abs().max().item() <= 1e-4
+    assert torch.equal(fast.generate(src, max_new_tokens=14, **options), expected.sequences)
+
+
+def test_beam_search_with_a_forced_prefix_runs_the_exported_step_and_equals_eager():
+    prefix = torch.tensor([[1, 5, 6], [1, 8, 0], [1, 0, 0], [1, 4, 4]])
+    test_fast_generate_equals_eager_generate(mixed_pair(), dict(num_beams=3, decoder_input_ids=prefix))
 
 
 def test_sampling_takes_one_exported_call_per_token_and_draws_the_eager_tokens(pair):

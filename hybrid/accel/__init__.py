@@ -9,11 +9,13 @@ continuous refill, and so the bulk job) steps the model through one object, ``mo
 - :class:`hybrid.accel.cuda_graph.CUDAGraphAccelerator`, which it installs on a GPU: the step captured in
   a CUDA graph and replayed.
 
-Generation asks an accelerator for one of two things. :meth:`Accelerator.step` feeds one token per row
+Generation asks an accelerator for one of three things. :meth:`Accelerator.step` feeds one token per row
 and returns the logits (every strategy, any rules). :meth:`Accelerator.advance` moves rows that each sit
 at their own position one token on (:func:`hybrid.generation.stepping.advance`: step, choose by the rules,
-record); where :meth:`Accelerator.advances` says so, that is one call into the compiled step, rules and
-all, else it is the step and the rules in Python. :attr:`Accelerator.keeps_every_row` says whether the
+record), and :meth:`Accelerator.advance_beams` moves beam search one token on
+(:func:`hybrid.generation.beams.advance_beams`: step, rules, choice of beams, reorder of the state);
+where :meth:`Accelerator.advances` says so, each is one call into the compiled step, rules and all, else
+it is the step and the rules in Python. :attr:`Accelerator.keeps_every_row` says whether the
 batch must keep its shape (a CUDA graph's), so that finished rows step on instead of leaving.
 
 Like mamba's decoding cache (one cache on the model, a CUDA graph per batch size and length, captured
@@ -33,6 +35,7 @@ from typing import TypeVar
 
 from torch import Tensor
 
+from hybrid.generation.beams import Beams, advance_beams
 from hybrid.generation.stepping import Rows, advance
 from hybrid.state import DecodeState
 
@@ -63,6 +66,11 @@ class Accelerator(ABC):
         """Step every row of ``rows`` once and apply ``rules``, in place
         (:func:`~hybrid.generation.stepping.advance` over :meth:`step`)."""
         advance(self.step, rules, state, rows)
+
+    def advance_beams(self, rules, state: DecodeState, beams: Beams, generated: int) -> None:
+        """One beam-search step of every group, in place (:func:`~hybrid.generation.beams.advance_beams` over
+        :meth:`step`), ``generated`` tokens into the search; one call where :meth:`advances` says so."""
+        advance_beams(self.step, rules, state, beams, generated)
 
     def check_weights(self) -> None:
         """Raise if the model's weights changed in a way that what it compiled would not decode

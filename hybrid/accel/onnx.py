@@ -45,6 +45,7 @@ from hybrid.accel import (
     state_tensors,
 )
 from hybrid.files import write_atomically
+from hybrid.generation.beams import Beams, advance_beams
 from hybrid.generation.stepping import Rows, advance
 from hybrid.state import DecodeState
 from hybrid.validators import check_choice, check_int
@@ -99,6 +100,32 @@ class _AdvanceGraph(nn.Module):
         advance(self.model.eager_step, self.rules.with_length_limits(min_new_tokens, max_new_tokens), self.template,
                 rows, noise)
         return (rows.tokens, rows.positions, rows.finished, rows.outputs, *mixer_tensors(self.template))
+
+
+class _BeamGraph(nn.Module):
+    """:func:`hybrid.generation.beams.advance_beams` with rules that run in a graph, as one graph.
+
+    Inputs: the beams' tokens, the tokens generated so far (0-d), the beams' scores, sequences, closed
+    flags and the pools' worst scores (:class:`~hybrid.generation.beams.Beams`), the length limits (0-d),
+    then the state as in :class:`_StepGraph`. Outputs: the updated tokens, scores, sequences and closed
+    flags, the hypotheses that end (scores, sequences, whether any), and the updated, reordered mixer state.
+    """
+
+    def __init__(self, model, rules, template: DecodeState) -> None:
+        super().__init__()
+        self.model, self.rules, self.template = model, rules, template
+
+    def forward(self, tokens: Tensor, generated: Tensor, scores: Tensor, sequences: Tensor, closed: Tensor,
+                pool_worst: Tensor, min_new_tokens: Tensor, max_new_tokens: Tensor,
+                *state: Tensor) -> tuple[Tensor, ...]:
+        assign_state_tensors(self.template, list(state))
+        beams = Beams(tokens, scores, sequences, closed, pool_worst, ended_scores=torch.empty_like(scores),
+                      ended_sequences=sequences.new_empty(scores.shape[0], scores.shape[1], sequences.shape[1]),
+                      any_ended=closed.new_empty(()))
+        advance_beams(self.model.eager_step, self.rules.with_length_limits(min_new_tokens, max_new_tokens),
+                      self.template, beams, generated)
+        return (beams.tokens, beams.scores, beams.sequences, beams.closed, beams.ended_scores, beams.ended_sequences,
+                beams.any_ended, *mixer_tensors(self.template))
 
 
 class OnnxAccelerator(Accelerator):
@@ -187,9 +214,26 @@ class OnnxAccelerator(Accelerator):
         binding.session.run_with_iobinding(binding.io)
         rows.positions.copy_(binding.next_positions)  # written apart: nothing else in the graph waits on them
 
+    def advance_beams(self, rules, state: DecodeState, beams: Beams, generated: int) -> None:
+        """:func:`hybrid.generation.beams.advance_beams` in one call into ONNX Runtime where :meth:`advances`
+        says so; else the exported step, with the rules in Python."""
+        if not self.advances(rules):
+            super().advance_beams(rules, state, beams, generated)
+            return
+        graph = ("advance", "beams", *rules.graph_signature, state.group_size)
+        binding = self._cached(("beams", *rules.graph_signature, *shape_key(state), beams.sequences.shape[1]),
+                               lambda: _BeamBinding(self._session(graph, rules), beams))
+        binding.bind(state, beams)
+        binding.generated.fill_(generated)
+        binding.limits[0].fill_(rules.min_new_tokens)
+        binding.limits[1].fill_(rules.max_new_tokens)
+        binding.session.run_with_iobinding(binding.io)
+        beams.sequences.copy_(binding.next_sequences)  # written apart: the hypotheses that end read the old ones
+        beams.closed.copy_(binding.next_closed)  # written apart: the choice of those that join reads the old ones
+
     def _session(self, key, rules=None):
-        """The session of ``key``: a rows-per-source (the step) or ``("advance", "greedy" or "sample", ...)``
-        (a whole advance)."""
+        """The session of ``key``: a rows-per-source (the step) or ``("advance", "greedy", "sample" or "beams",
+        ...)`` (a whole advance)."""
         if key not in self.sessions:
             begin = time.perf_counter()
             path = None if self.cache_dir is None else self.cache_dir / graph_key(self._weights_digest, key,
@@ -229,7 +273,17 @@ class OnnxAccelerator(Accelerator):
         rows = sources * group_size
         state_inputs = [t.contiguous() for t in state_tensors(template)]
         state_shapes = _dynamic_shapes(template, group_size)
-        if rules is None:
+        if rules is not None and key[1] == "beams":
+            graph = _BeamGraph(model, rules, template)
+            example = _example_beams(sources, group_size, model.config.bos_id, rules.pad_id)
+            width = torch.export.Dim("width", min=2, max=1 << 20)
+            row_dims, source_dims = state_shapes[0], state_shapes[2]
+            groups = {0: source_dims[0]}
+            memory_mask_dims, tensor_dims = state_shapes[2:]
+            example = (*example, torch.tensor(4), torch.tensor(4), *state_inputs)
+            shapes = (row_dims, {}, groups, {**row_dims, 1: width}, groups, groups, {}, {},
+                      (memory_mask_dims, *tensor_dims))
+        elif rules is None:
             graph = _StepGraph(model, template)
             example = (torch.full((rows,), model.config.bos_id), torch.zeros(rows, dtype=torch.long), *state_inputs)
             shapes = state_shapes
@@ -321,6 +375,30 @@ class _AdvanceBinding(_Binding):
                    [rows.tokens, self.next_positions, rows.finished, rows.outputs, *mixer_tensors(state)])
 
 
+class _BeamBinding(_Binding):
+    """The beam advance's binding of beams and a state, all updated in place but the sequences and closed
+    flags, which ONNX Runtime may write before the graph's last read of them, so they get buffers of their own."""
+
+    def __init__(self, session, beams: Beams) -> None:
+        super().__init__(session)
+        self.generated = torch.zeros((), dtype=torch.long)
+        self.limits = (torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long))
+        self.next_sequences = torch.empty_like(beams.sequences)
+        self.next_closed = torch.empty_like(beams.closed)
+
+    def bind(self, state: DecodeState, beams: Beams) -> None:
+        self._bind([beams.tokens, self.generated, beams.scores, beams.sequences, beams.closed, beams.pool_worst,
+                    *self.limits, *state_tensors(state)],
+                   [beams.tokens, beams.scores, self.next_sequences, self.next_closed, beams.ended_scores,
+                    beams.ended_sequences, beams.any_ended, *mixer_tensors(state)])
+
+
+def _example_beams(sources: int, beams: int, bos_id: int, pad_id: int) -> tuple[Tensor, ...]:
+    """:class:`_BeamGraph`'s example beams (through the pools' worst scores) for the exporter to trace."""
+    example = Beams.start(sources, beams, 5, bos_id, pad_id, "cpu")
+    return (example.tokens, torch.tensor(1), example.scores, example.sequences, example.closed, example.pool_worst)
+
+
 def cache_dir_for(checkpoint: str | os.PathLike) -> Path:
     """Where the fast path caches a saved model's graphs: ``<folder>/fast`` for a folder written by
     ``save_pretrained`` (or ``hybrid export``), ``<file>.fast`` beside a training checkpoint."""
@@ -344,7 +422,7 @@ def graph_key(weights: str, key, quantize: str | None) -> str:
     everything that shapes the graph (the weights, its kind and decoding rules, the quantization, the opset,
     the versions of hybrid's code and of the packages that trace and quantize it), then its kind in words:
     ``<digest>-step-rows3-fp32.onnx`` is the float32 step of three rows per source (beams)."""
-    if isinstance(key, tuple):  # ("advance", "greedy" or "sample", *DecodingRules.graph_signature, rows per source)
+    if isinstance(key, tuple):  # ("advance", "greedy", "sample" or "beams", *rules.graph_signature, rows per source)
         kind = f"{key[1]}-rows{key[-1]}"
     else:  # rows per source: beams or samples of one source
         kind = f"step-rows{key}"

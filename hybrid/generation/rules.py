@@ -302,13 +302,15 @@ class DecodingRules:
 
     @property
     def graph_signature(self) -> tuple:
-        """Every constant that rules which run in a graph (:attr:`runs_in_graph`) depend on: the ids, and when
-        sampling the warpers' settings. The fast path's graph holds them as constants (the length limits and
-        the sampling noise are its inputs), so a graph is made, and cached, once per value."""
+        """Every constant that rules which run in a graph (:attr:`runs_in_graph`) depend on: the ids, when
+        sampling the warpers' settings, and in beam search its own. The fast path's graph holds them as
+        constants (the length limits and the sampling noise are its inputs), so a graph is made, and cached,
+        once per value."""
         config = self.config
         sampling = (config.temperature, config.top_k, config.top_p, config.min_p) if config.do_sample else ()
+        beams = (config.num_beams, config.length_penalty, config.early_stopping) if config.num_beams > 1 else ()
         return (tuple(self.suppressed), tuple(self.eos_ids), self.pad_id, self.forced_bos_id,
-                tuple(self.forced_eos_ids or ()), config.do_sample, *sampling)
+                tuple(self.forced_eos_ids or ()), config.do_sample, *sampling, *beams)
 
     @property
     def runs_in_graph(self) -> bool:

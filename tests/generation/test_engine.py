@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from conftest import padded_batch, tiny_model
 
 from hybrid import MIXERS, ModelConfig
-from hybrid.generation import engine
+from hybrid.generation import beams, engine
 from hybrid.generation.config import GenerationConfig
 from hybrid.generation.processors import SuppressTokensLogitsProcessor
 from hybrid.generation.rules import DecodingRules
@@ -38,8 +38,30 @@ def test_beam_search_with_one_beam_equals_greedy(mixer):
     with torch.inference_mode():
         run = engine._Run(model, GenerationConfig.from_kwargs(max_new_tokens=20), src)
         session = engine.CachedSession(model, src, None, run.total_steps)
-        beam = engine._beam_search(run, session).sequences
+        beam = beams.beam_search(run, session).sequences
     assert torch.equal(beam, greedy)
+
+
+@pytest.mark.parametrize("options", [
+    dict(num_beams=3, num_return_sequences=2),
+    dict(num_beams=4, early_stopping=True, eos_token_id=[2, 7], forced_bos_token_id=5),
+    dict(num_beams=2, early_stopping="never", length_penalty=1.5, min_new_tokens=3, forced_eos_token_id=6),
+    dict(num_beams=3, length_penalty=-0.5, num_return_sequences=3),
+], ids=["return-2", "early-eos-list-forced-bos", "never-min-length-forced-eos", "negative-penalty"])
+def test_beam_search_by_advances_equals_beam_search(mixer, options):
+    """The loop whose steps an accelerator compiles whole (advance_beams) decides as the one with the rules
+    around the step, here both eager: what the fast path's graph runs is checked against eager in test_fast."""
+    model = tiny_model([mixer, "lstm"], seed=4)
+    src = padded_batch(LENGTHS, seed=4)
+    outputs = []
+    with torch.inference_mode():
+        for search in (beams.beam_search, beams.beam_search_by_advances):
+            run = engine._Run(model, GenerationConfig.from_kwargs(max_new_tokens=14, **options), src)
+            outputs.append(search(run, engine.CachedSession(model, src, None, run.total_steps)))
+    expected, got = outputs
+    assert torch.equal(got.sequences, expected.sequences)
+    # The same arithmetic but for the position, a 0-d tensor there and an int here: float rounding apart.
+    assert torch.allclose(got.sequences_scores, expected.sequences_scores, atol=1e-5, rtol=1e-6)
 
 
 @pytest.mark.parametrize("length_penalty", [0.0, 1.0])
