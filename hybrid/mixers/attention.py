@@ -74,9 +74,12 @@ class AttentionMixer(Mixer):
         """
         positions = position.expand(x.shape[0])  # (B,): one shared position, or one per row
         q, k, v = self._project(x.unsqueeze(1), start=positions)  # 3 x (B, nh, 1, hd)
-        slot = positions.view(-1, 1, 1, 1).expand_as(k)
-        state.keys.scatter_(2, slot, k)
-        state.values.scatter_(2, slot, v)
+        # Each row's (heads, head_dim) block at its position: ONNX's ScatterND writes those blocks whole, where
+        # scatter_ along the positions (ScatterElements) indexed every element and cost ~5x as much per step.
+        rows = torch.arange(x.shape[0], device=x.device)[:, None]
+        heads = torch.arange(k.shape[1], device=x.device)[None, :]
+        state.keys.index_put_((rows, heads, positions[:, None]), k.squeeze(2))
+        state.values.index_put_((rows, heads, positions[:, None]), v.squeeze(2))
         filled = torch.arange(state.keys.shape[2], device=x.device) <= positions[:, None]  # (B, max_steps)
         y = F.scaled_dot_product_attention(q, state.keys, state.values, attn_mask=filled[:, None, None, :])
         return self.out(merge_heads(y)).squeeze(1)  # (B, D)

@@ -2,9 +2,18 @@
 # The decoding strategies on the fast path against CTranslate2 (issue 31's cells), at the bench's default
 # shape (d_model 256, 3+3 layers, vocabulary 128), one and two intra-op threads, contenders interleaved in each repeat.
 # Each strategy is one `hybrid bench` run, so ratios are read within a run, never across runs.
-# Usage: bash results/fast-strategies/run.sh [output folder]   (about 10 minutes on 2 cores)
+# Usage: bash results/fast-strategies/run.sh [output folder] [default|opus|all]
+#   default: the cells below (about 7 minutes on 2 cores); opus: greedy, sampling and beam 4 at OPUS-MT's shape
+#   (configs/bench/opus-mt.yaml: d_model 512, 6+6 layers, vocabulary 58,101), about 20 minutes.
 set -euo pipefail
 out=${1:-results/fast-strategies}
+part=${2:-default}
+if [[ $part == opus || $part == all ]]; then
+    hybrid bench bench=opus-mt output_dir="$out/opus-greedy"
+    hybrid bench bench=opus-mt generation.do_sample=true generation.top_k=10 'cells=[[1,64]]' output_dir="$out/opus-sampling"
+    hybrid bench bench=opus-mt generation.num_beams=4 output_dir="$out/opus-beam4"
+fi
+if [[ $part == default || $part == all ]]; then
 common=(profile=false repeats=5 huggingface_bart=false "fast=[lstm,attention+kv-cache]"
         "models=[lstm+fast,lstm+int8,attention+kv-cache+fast,bart-ct2-float32,bart-ct2-int8]")
 hybrid bench "${common[@]}" threads=1 "cells=[[1,128]]" output_dir="$out/greedy"
@@ -14,6 +23,7 @@ hybrid bench "${common[@]}" threads=1 generation.num_beams=4 "cells=[[1,128],[32
 hybrid bench "${common[@]}" threads=2 "cells=[[1,128],[32,64]]" output_dir="$out/greedy-2threads"
 hybrid bench "${common[@]}" threads=2 generation.do_sample=true generation.top_k=10 "cells=[[1,128],[32,64]]" \
     output_dir="$out/sampling-2threads"
+fi
 python - "$out" <<'PY'
 # Each strategy's ms/token over CTranslate2's at the same precision, from each run's own rows.
 import json, sys
@@ -21,7 +31,8 @@ from pathlib import Path
 out = Path(sys.argv[1])
 lines = ["| strategy | batch x tokens | lstm+fast / CT2 fp32 | lstm+int8 / CT2 int8 | attention+fast / CT2 fp32 |",
          "|---|---|---|---|---|"]
-for strategy in ("greedy", "sampling", "beam4", "greedy-2threads", "sampling-2threads"):
+for strategy in ("greedy", "sampling", "beam4", "greedy-2threads", "sampling-2threads", "opus-greedy", "opus-sampling",
+                 "opus-beam4"):
     if not (out / strategy / "results.json").exists():
         continue
     rows = json.loads((out / strategy / "results.json").read_text())["rows"]
