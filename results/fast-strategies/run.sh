@@ -4,7 +4,7 @@
 # Each strategy is one `hybrid bench` run, so ratios are read within a run, never across runs.
 # Usage: bash results/fast-strategies/run.sh [output folder] [default|opus|all]
 #   default: the cells below (about 7 minutes on 2 cores); opus: greedy, sampling and beam 4 at OPUS-MT's shape
-#   (configs/bench/opus-mt.yaml: d_model 512, 6+6 layers, vocabulary 58,101), about 20 minutes.
+#   (configs/bench/opus-mt.yaml: d_model 512, 6+6 layers, vocabulary 58,101), about 11 minutes.
 set -euo pipefail
 out=${1:-results/fast-strategies}
 part=${2:-default}
