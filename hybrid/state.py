@@ -73,6 +73,15 @@ class DecodeState:
             self.cross_values = [v.index_select(0, sources) for v in self.cross_values]
             self.memory_mask = self.memory_mask.index_select(0, sources)
 
+    def reorder_in_place(self, index: Tensor) -> None:
+        """Reorder rows within their sources, in place (beam search): row ``i`` becomes old row ``index[i]``,
+        ``index`` as long as the batch. Every mixer tensor keeps its address, which a compiled step (a CUDA
+        graph, an exported beam step) holds, and the per-source memory is left alone. Unchecked: it runs inside
+        compiled steps, where reading the index back would be a host sync."""
+        for state in self.mixer_states:
+            for tensor in state.tensors():
+                tensor.copy_(tensor.index_select(0, index))
+
     @torch.inference_mode()  # the state's tensors are inference tensors (made by Seq2Seq.start)
     def refill(self, rows: Tensor, fresh: DecodeState, fresh_rows: Tensor | None = None,
                source_length: int | None = None) -> None:

@@ -207,8 +207,7 @@ class OnnxAccelerator(Accelerator):
                                lambda: _AdvanceBinding(self._session(graph, rules), state.batch_size,
                                                        self.model.config.vocab_size if rules.config.do_sample else 0))
         binding.bind(state, rows)
-        binding.limits[0].fill_(rules.min_new_tokens)
-        binding.limits[1].fill_(rules.max_new_tokens)
+        binding.set_limits(rules)
         if binding.noise is not None:
             rules.sampling_noise(binding.noise)  # drawn as the eager step's torch.multinomial draws it
         binding.session.run_with_iobinding(binding.io)
@@ -225,8 +224,7 @@ class OnnxAccelerator(Accelerator):
                                lambda: _BeamBinding(self._session(graph, rules), beams))
         binding.bind(state, beams)
         binding.generated.fill_(generated)
-        binding.limits[0].fill_(rules.min_new_tokens)
-        binding.limits[1].fill_(rules.max_new_tokens)
+        binding.set_limits(rules)
         binding.session.run_with_iobinding(binding.io)
         beams.sequences.copy_(binding.next_sequences)  # written apart: the hypotheses that end read the old ones
         beams.closed.copy_(binding.next_closed)  # written apart: the choice of those that join reads the old ones
@@ -273,14 +271,15 @@ class OnnxAccelerator(Accelerator):
         rows = sources * group_size
         state_inputs = [t.contiguous() for t in state_tensors(template)]
         state_shapes = _dynamic_shapes(template, group_size)
+        row_dims = state_shapes[0]
+        memory_mask_dims, tensor_dims = state_shapes[2:]  # an advance's state is its forward's *inputs: one tuple
         if rules is not None and key[1] == "beams":
             graph = _BeamGraph(model, rules, template)
-            example = _example_beams(sources, group_size, model.config.bos_id, rules.pad_id)
+            beams = Beams.start(sources, group_size, 5, model.config.bos_id, rules.pad_id, "cpu")
+            example = (beams.tokens, torch.tensor(1), beams.scores, beams.sequences, beams.closed, beams.pool_worst,
+                       torch.tensor(4), torch.tensor(4), *state_inputs)
             width = torch.export.Dim("width", min=2, max=1 << 20)
-            row_dims, source_dims = state_shapes[0], state_shapes[2]
-            groups = {0: source_dims[0]}
-            memory_mask_dims, tensor_dims = state_shapes[2:]
-            example = (*example, torch.tensor(4), torch.tensor(4), *state_inputs)
+            groups = {0: memory_mask_dims[0]}  # the sources
             shapes = (row_dims, {}, groups, {**row_dims, 1: width}, groups, groups, {}, {},
                       (memory_mask_dims, *tensor_dims))
         elif rules is None:
@@ -291,12 +290,10 @@ class OnnxAccelerator(Accelerator):
             graph = _AdvanceGraph(model, rules, template)
             example_rows = Rows.start(rows, 4, model.config.bos_id, rules.pad_id, "cpu")
             limit = torch.tensor(4)
-            row_dims = state_shapes[0]
             noise = [torch.ones(rows, model.config.vocab_size)] if graph.sampling else []
             example = (example_rows.tokens, example_rows.positions, example_rows.finished, example_rows.outputs,
                        limit, limit + 0, *noise, *state_inputs)
             outputs_length = torch.export.Dim("outputs_length", min=2, max=1 << 20)
-            memory_mask_dims, tensor_dims = state_shapes[2:]  # the rest are forward's *inputs: one tuple
             shapes = (row_dims, row_dims, row_dims, {**row_dims, 1: outputs_length}, {}, {},
                       (*([row_dims] if graph.sampling else []), memory_mask_dims, *tensor_dims))
         with tempfile.TemporaryDirectory() as folder:
@@ -356,13 +353,28 @@ class _StepBinding(_Binding):
         self._bind([self.tokens, self.positions, *state_tensors(state)], [self.logits, *mixer_tensors(state)])
 
 
-class _AdvanceBinding(_Binding):
+class _RulesBinding(_Binding):
+    """A binding of a graph that runs the rules: it also binds their length limits (0-d inputs)."""
+
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self.limits = (torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long))
+        self._limits: tuple[int, int] | None = None
+
+    def set_limits(self, rules) -> None:
+        """``rules``' ``min_new_tokens`` and ``max_new_tokens``, written only when they change."""
+        if self._limits != (rules.min_new_tokens, rules.max_new_tokens):
+            self.limits[0].fill_(rules.min_new_tokens)
+            self.limits[1].fill_(rules.max_new_tokens)
+            self._limits = (rules.min_new_tokens, rules.max_new_tokens)
+
+
+class _AdvanceBinding(_RulesBinding):
     """The advance's binding of rows and a state, all updated in place but the next positions, and when
     sampling (``vocab_size`` > 0) of a noise buffer that each call draws into."""
 
     def __init__(self, session, rows: int, vocab_size: int) -> None:
         super().__init__(session)
-        self.limits = (torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long))
         self.next_positions = torch.empty(rows, dtype=torch.long)
         self.noise = torch.empty(rows, vocab_size) if vocab_size else None
 
@@ -375,14 +387,13 @@ class _AdvanceBinding(_Binding):
                    [rows.tokens, self.next_positions, rows.finished, rows.outputs, *mixer_tensors(state)])
 
 
-class _BeamBinding(_Binding):
+class _BeamBinding(_RulesBinding):
     """The beam advance's binding of beams and a state, all updated in place but the sequences and closed
     flags, which ONNX Runtime may write before the graph's last read of them, so they get buffers of their own."""
 
     def __init__(self, session, beams: Beams) -> None:
         super().__init__(session)
         self.generated = torch.zeros((), dtype=torch.long)
-        self.limits = (torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long))
         self.next_sequences = torch.empty_like(beams.sequences)
         self.next_closed = torch.empty_like(beams.closed)
 
@@ -391,12 +402,6 @@ class _BeamBinding(_Binding):
                     *self.limits, *state_tensors(state)],
                    [beams.tokens, beams.scores, self.next_sequences, self.next_closed, beams.ended_scores,
                     beams.ended_sequences, beams.any_ended, *mixer_tensors(state)])
-
-
-def _example_beams(sources: int, beams: int, bos_id: int, pad_id: int) -> tuple[Tensor, ...]:
-    """:class:`_BeamGraph`'s example beams (through the pools' worst scores) for the exporter to trace."""
-    example = Beams.start(sources, beams, 5, bos_id, pad_id, "cpu")
-    return (example.tokens, torch.tensor(1), example.scores, example.sequences, example.closed, example.pool_worst)
 
 
 def cache_dir_for(checkpoint: str | os.PathLike) -> Path:

@@ -211,10 +211,7 @@ def advance_beams(step: Callable[[Tensor, object, Tensor], Tensor], rules, state
     stuck = ~running_scores[:, 0].isfinite()  # every candidate ended: nothing runs on
     beams.closed |= stuck | pool_is_closed(rules.config, rules.max_new_tokens, beams.pool_worst, running_scores,
                                            length)
-    # In place, so that a state whose tensors a compiled step holds by address (a CUDA graph's) keeps them.
-    for mixer_state in state.mixer_states:
-        for tensor in mixer_state.tensors():
-            tensor.copy_(tensor.index_select(0, chosen_rows))
+    state.reorder_in_place(chosen_rows)  # in place: a compiled step holds the state's tensors by address
 
 
 def beam_search_by_advances(run, session) -> GenerateOutput:

@@ -87,9 +87,7 @@ class StaticSession:
         if index.shape[0] != self.state.batch_size or self.state.group_size == 1:
             raise ValueError("a static session keeps every row: it reorders the rows of each source in place "
                              "(beams), but cannot drop rows or reorder sources")
-        for mixer_state in self.state.mixer_states:
-            for tensor in mixer_state.tensors():
-                tensor.copy_(tensor.index_select(0, index))
+        self.state.reorder_in_place(index)
 
     def expand(self, group_size: int) -> None:
         self.state.expand(group_size)
