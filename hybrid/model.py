@@ -25,7 +25,7 @@ from hybrid.generation import generate
 from hybrid.inputs import check_length, check_token_ids, source_mask
 from hybrid.layers import CrossAttention, EncoderSelfAttention, FeedForward, position_table, residual
 from hybrid.mixers import MIXERS
-from hybrid.state import DecodeState
+from hybrid.state import FIRST_CAPACITY, DecodeState
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -195,7 +195,9 @@ class Seq2Seq(nn.Module):
 
         ``max_steps`` is the most tokens the state will be fed: the new tokens to generate plus
         any forced prefix. The cross-attention keys/values are projected here, once per source.
-        Feed the BOS token to the first :meth:`step`.
+        A state whose size grows with the length (a KV cache) starts smaller and grows in doubling
+        buckets as it is fed (:meth:`hybrid.state.DecodeState.reserve`). Feed the BOS token to the
+        first :meth:`step`.
         """
         check_length("max_steps", max_steps, self.config.max_positions, "max_positions")
         self.accelerator.check_weights()
@@ -204,9 +206,12 @@ class Seq2Seq(nn.Module):
         projected = [layer.cross.project_memory(memory) for layer in self.decoder_layers]
         # Contiguous, so that every step reads them in order (and the fast step can bind them by address).
         keys, values = [k.contiguous() for k, _ in projected], [v.contiguous() for _, v in projected]
-        mixer_states = [layer.mixer.allocate_state(batch, max_steps, memory.device, dtype)
+        # A fixed-size state is allocated whole: growing it would change nothing but its shape key.
+        grows = any(not layer.mixer.constant_state for layer in self.decoder_layers)
+        capacity = min(max_steps, FIRST_CAPACITY) if grows else max_steps
+        mixer_states = [layer.mixer.allocate_state(batch, capacity, memory.device, dtype)
                         for layer in self.decoder_layers]
-        return DecodeState(mixer_states, keys, values, key_mask, max_steps)
+        return DecodeState(mixer_states, keys, values, key_mask, max_steps, capacity)
 
     @torch.inference_mode()
     def step(self, token_ids: Tensor, state: DecodeState) -> Tensor:
@@ -237,6 +242,7 @@ class Seq2Seq(nn.Module):
                                  f"{state.max_steps}; start a new one with a larger max_steps")
             position = state.position
             state.position += 1
+            state.reserve(state.position)
         elif position.dim() > 1 or (position.dim() == 1 and position.shape[0] != token_ids.shape[0]):
             raise ValueError(f"position must be a 0-d tensor or hold one position per row ({token_ids.shape[0]}), "
                              f"got shape {tuple(position.shape)}")

@@ -7,6 +7,10 @@ from torch import Tensor
 
 from hybrid.mixers import MixerState
 
+# The steps a state whose size grows with the length is first allocated for: small enough that short
+# decodes stay cheap, large enough that a long one reallocates only a few times (16, 32, 64, ...).
+FIRST_CAPACITY = 16
+
 
 class DecodeState:
     """One entry per decoder layer (its mixer's own state) plus the cross-attention memory.
@@ -19,15 +23,21 @@ class DecodeState:
     Several rows may decode the same source (beams, or several samples per source):
     :meth:`expand` gives each source ``group_size`` consecutive rows. The memory stays
     one copy per source; the rows of a group attend to it as a block of queries.
+
+    A state whose size depends on the length (a KV cache) is allocated for :attr:`capacity` steps, at
+    first at most :data:`FIRST_CAPACITY`, and :meth:`reserve` doubles it as a decode feeds more tokens,
+    up to ``max_steps``. A decode that ends early then never reads, writes, copies or attends over
+    the positions it did not reach: capacity buckets, as in CTranslate2's and vLLM's growing caches.
     """
 
     def __init__(self, mixer_states: list[MixerState], cross_keys: list[Tensor], cross_values: list[Tensor],
-                 memory_mask: Tensor, max_steps: int) -> None:
+                 memory_mask: Tensor, max_steps: int, capacity: int) -> None:
         self.mixer_states = mixer_states
         self.cross_keys = cross_keys  # per layer: (B, nh, S, hd)
         self.cross_values = cross_values  # per layer: (B, nh, S, hd)
         self.memory_mask = memory_mask  # (B, 1, 1, S) bool, True on real source tokens
         self.max_steps = max_steps  # the most tokens it can be fed: forced prefix plus new tokens
+        self.capacity = capacity  # the steps its mixer states are allocated for (<= max_steps)
         self.group_size = 1  # rows per source
         self.position = 0
 
@@ -35,6 +45,16 @@ class DecodeState:
     def batch_size(self) -> int:
         """Number of rows (sequences) a step takes: sources x group_size."""
         return self.memory_mask.shape[0] * self.group_size
+
+    @torch.inference_mode()  # the state's tensors are inference tensors (made by Seq2Seq.start)
+    def reserve(self, steps: int) -> None:
+        """Make room for ``steps`` tokens fed: when they pass the capacity, double it (at least to ``steps``,
+        at most to ``max_steps``), so that a decode of n tokens reallocates O(log n) times. Every loop that
+        steps a state with positions on the device calls this first, with its count of steps on the host."""
+        if steps > self.capacity:
+            self.capacity = min(self.max_steps, max(steps, 2 * self.capacity))
+            for state in self.mixer_states:
+                state.grow(self.capacity)
 
     def expand(self, group_size: int) -> None:
         """Give every row ``group_size`` consecutive copies (beams, samples); the memory is not copied."""
@@ -140,7 +160,7 @@ class DecodeState:
     def __repr__(self) -> str:
         kinds = ", ".join(type(s).__name__ for s in self.mixer_states)
         return (f"DecodeState(batch_size={self.batch_size}, group_size={self.group_size}, position={self.position}, "
-                f"max_steps={self.max_steps}, layers=[{kinds}], nbytes={self.nbytes})")
+                f"max_steps={self.max_steps}, capacity={self.capacity}, layers=[{kinds}], nbytes={self.nbytes})")
 
 
 def _fit(tensor: Tensor, length: int, dim: int) -> Tensor:

@@ -32,6 +32,7 @@ from hybrid.accel.onnx import OnnxAccelerator, cache_dir_for, graph_key, weights
 from hybrid.generation import beams, engine
 from hybrid.generation.config import GenerationConfig
 from hybrid.generation.refill import RefillDecoder, Source
+from hybrid.state import DecodeState
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -196,6 +197,31 @@ def test_fast_refill_equals_eager_refill(pair, options):
         return dict(RefillDecoder(model, slots=3, max_new_tokens=10, **options, **seeded).run([sources]))
 
     assert run(pair[1]) == run(pair[0])
+
+
+@pytest.mark.parametrize("options", [dict(), SAMPLING, dict(num_beams=3, num_return_sequences=2), "refill"],
+                         ids=["greedy", "sampling", "beams", "refill"])
+def test_a_cache_growing_through_its_capacity_buckets_decodes_as_eager(options, monkeypatch):
+    """40 tokens take the attention cache from 16 steps to 32 and then 40 (``DecodeState.reserve``): each
+    capacity is bound anew, and the fast path still equals eager, for every loop that grows a state."""
+    eager, fast = mixed_pair()
+    capacities = []
+    reserve = DecodeState.reserve
+    monkeypatch.setattr(DecodeState, "reserve", lambda state, steps: reserve(state, steps) or
+                        capacities.append(state.capacity))
+    src = padded_batch(LENGTHS, seed=38)
+
+    def run(model):
+        if options == "refill":
+            sources = [Source(i, row.tolist()) for i, row in enumerate(src)]
+            return dict(RefillDecoder(model, slots=3, max_new_tokens=40, min_new_tokens=20).run([sources]))
+        seeded = {"generator": torch.Generator().manual_seed(0)} if options.get("do_sample") else {}
+        return model.generate(src, **{**options, "max_new_tokens": 40, "min_new_tokens": 40}, **seeded)
+
+    got = run(fast)
+    assert sorted(set(capacities)) == [16, 32, 40]
+    expected = run(eager)
+    assert got == expected if options == "refill" else torch.equal(got, expected)
 
 
 def test_the_fast_path_refuses_weights_changed_after_it_was_made():

@@ -97,7 +97,7 @@ class Eager(Accelerator):
 
 def shape_key(state: DecodeState) -> tuple[int, int, int]:
     """The shape a compiled step serves: (rows, rows per source, capacity in steps)."""
-    return state.batch_size, state.group_size, state.max_steps
+    return state.batch_size, state.group_size, state.capacity
 
 
 def mixer_tensors(state: DecodeState) -> list[Tensor]:

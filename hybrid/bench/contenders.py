@@ -125,7 +125,9 @@ def ours(name: str, model: Seq2Seq, use_cache: bool = True, max_new_tokens: int 
 
     def state_bytes(batch: int, source_length: int, new_tokens: int) -> int:
         src = torch.full((batch, source_length), 3, device=next(model.parameters()).device)
-        return model.start(src, max_steps=new_tokens).nbytes
+        state = model.start(src, max_steps=new_tokens)
+        state.reserve(new_tokens)  # as large as it grows by the last token
+        return state.nbytes
 
     def prefill(src: Tensor):
         return model.start(src, max_steps=1)

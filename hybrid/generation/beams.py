@@ -226,6 +226,7 @@ def beam_search_by_advances(run, session) -> GenerateOutput:
     pool = Pool(run.sources, num_beams, width, run.pad_id, run.device)
     sources = torch.arange(run.sources, device=run.device)  # original source of each working group
     for step in range(run.total_steps):
+        session.state.reserve(step + 1)
         accelerator.advance_beams(rules, session.state, beams, step)
         if bool(beams.any_ended):
             pool.merge(sources, beams.ended_scores, beams.ended_sequences, None, step + 1)

@@ -196,6 +196,7 @@ def _advance_rows(run: _Run, session) -> GenerateOutput:
     width = torch.zeros((), dtype=torch.long, device=run.device)  # as in _sample
     for step in range(max_new_tokens):
         width += (~rows.finished).any()
+        session.state.reserve(step + 1)
         accelerator.advance(rules, session.state, rows)
         if run.is_check_step(step) and bool(rows.finished.any()):
             keep = _rows_still_running(rows.finished, copies)

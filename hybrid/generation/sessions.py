@@ -75,8 +75,11 @@ class StaticSession:
         self.model = model
         self.state = model.start(src_ids, src_mask, max_steps=max_steps)
         self.position = torch.zeros((), dtype=torch.long, device=src_ids.device)
+        self.steps = 0  # self.position's value, kept on the host too, so that the state can grow without a sync
 
     def step(self, tokens: Tensor) -> Tensor:
+        self.steps += 1
+        self.state.reserve(self.steps)
         logits = self.model.step_unchecked(tokens, self.state, self.position)  # (B, vocab)
         self.position += 1
         return logits

@@ -8,9 +8,9 @@ positions (causally). It has two forms that must agree to float precision:
   state that :meth:`allocate_state` preallocated, in place.
 
 Each mixer owns the class of its state, so the generation engine only ever talks to
-the generic :class:`MixerState` interface (``reorder``, ``reset``, ``nbytes``). A state
-is allocated for ``max_steps`` steps: the most tokens a decode feeds (a forced prefix
-plus the new tokens), the one name for its capacity everywhere.
+the generic :class:`MixerState` interface (``reorder``, ``reset``, ``grow``, ``nbytes``). A state
+is allocated for a number of steps, its capacity; a state whose size depends on it (a KV cache)
+grows by :meth:`MixerState.grow` as a decode feeds more tokens (:meth:`hybrid.state.DecodeState.reserve`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ Position = int | Tensor
 class MixerState:
     """Per-layer decoding state: every tensor field has the batch on dimension 0."""
 
-    # The dimension of every tensor that is sized by ``max_steps`` (a KV cache's positions), or None
-    # for a state of fixed size; an export leaves it dynamic.
+    # The dimension of every tensor that is sized by the capacity in steps (a KV cache's positions), or
+    # None for a state of fixed size; an export leaves it dynamic.
     steps_dim: ClassVar[int | None] = None
 
     def reorder(self, index: Tensor) -> None:
@@ -53,6 +53,19 @@ class MixerState:
                 tensor.zero_()
             else:
                 tensor.index_fill_(0, rows, 0)
+
+    def grow(self, capacity: int) -> None:
+        """Make room for ``capacity`` steps along :attr:`steps_dim`: new tensors, the filled steps copied in,
+        the rest zero. Nothing for a state of fixed size."""
+        if self.steps_dim is None:
+            return
+        for field in dataclasses.fields(self):
+            old = getattr(self, field.name)
+            shape = list(old.shape)
+            shape[self.steps_dim] = capacity
+            new = old.new_zeros(shape)
+            new.narrow(self.steps_dim, 0, old.shape[self.steps_dim]).copy_(old)
+            setattr(self, field.name, new)
 
     @property
     def nbytes(self) -> int:
@@ -122,7 +135,8 @@ class Mixer(nn.Module):
         raise NotImplementedError
 
     def allocate_state(self, batch_size: int, max_steps: int, device, dtype) -> MixerState:
-        """Preallocate the state for ``batch_size`` sequences of up to ``max_steps`` steps."""
+        """Preallocate the state for ``batch_size`` sequences of up to ``max_steps`` steps (its capacity,
+        which :meth:`MixerState.grow` may raise later)."""
         raise NotImplementedError
 
     def step(self, x: Tensor, state: MixerState, position: Position) -> Tensor:

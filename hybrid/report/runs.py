@@ -165,7 +165,9 @@ def collect(paths: Iterable[str | Path], batch: int = 8, new_tokens: int = 128, 
         # The decoder's self-mixing state for one sequence at the timed length: the LSTM's (h, c) or
         # the KV cache (cross-attention memory left out: every decoder has the same).
         src = torch.full((1, source_length), 3)
-        row["state_bytes"] = model.start(src, max_steps=new_tokens).mixer_nbytes
+        state = model.start(src, max_steps=new_tokens)
+        state.reserve(new_tokens)  # as large as it grows by the timed length
+        row["state_bytes"] = state.mixer_nbytes
         rows.append(row)
         models[run_key(row["run"], row["seed"])] = model.eval()
     speeds = decoding_speed(models, batch, new_tokens, source_length, repeats)

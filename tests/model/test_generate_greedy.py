@@ -5,6 +5,7 @@ import torch
 from conftest import padded_batch, tiny_model
 
 from hybrid import MIXERS
+from hybrid.state import FIRST_CAPACITY
 
 LENGTHS = [9, 2, 5, 7, 1, 4]
 
@@ -70,11 +71,20 @@ def test_a_constant_state_does_not_grow_with_length(name):
     assert [tensor.data_ptr() for state in long.mixer_states for tensor in state.tensors()] == addresses
 
 
-def test_attention_cache_grows_with_requested_length():
+def test_attention_cache_grows_with_the_tokens_fed_in_doubling_buckets_up_to_max_steps():
     model = tiny_model(["attention"] * 3)
     src = padded_batch([4, 6])
-    short, long = model.start(src, max_steps=8), model.start(src, max_steps=512)
-    assert long.mixer_nbytes == 64 * short.mixer_nbytes
+    short, long = model.start(src, max_steps=8), model.start(src, max_steps=100)
+    assert (short.capacity, long.capacity) == (8, FIRST_CAPACITY)
+    assert long.mixer_nbytes == FIRST_CAPACITY // 8 * short.mixer_nbytes
+    tokens = torch.full((2,), model.config.bos_id)
+    capacities = []
+    for _ in range(100):
+        model.step(tokens, long)
+        capacities.append(long.capacity)
+    assert sorted(set(capacities)) == [16, 32, 64, 100]
+    assert capacities.index(32) == 16 and capacities.index(100) == 64  # grown on the step that needs it
+    assert 8 * long.mixer_nbytes == 100 * short.mixer_nbytes
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))
