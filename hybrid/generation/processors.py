@@ -224,9 +224,15 @@ class NoBadWordsLogitsProcessor:
         self._word_tensors: dict[torch.device, list[tuple[Tensor, Tensor]]] = {}
 
     @property
+    def reads_history(self) -> bool:
+        """Whether a bad word is longer than one token: only then does a ban compare a row's latest tokens.
+        Without, it is a fixed ban, which rows at any position and the fast path's graph apply alike."""
+        return bool(self._words_by_length)
+
+    @property
     def supports_continuous_batching(self) -> bool:
         """One-token bad words are banned everywhere; a longer one must compare a row's latest tokens."""
-        return not self._words_by_length
+        return not self.reads_history
 
     def _prefixes_and_last_tokens(self, device: torch.device) -> list[tuple[Tensor, Tensor]]:
         """Per bad-word length, the prefixes (K, length - 1) and last tokens (K,) on `device`."""

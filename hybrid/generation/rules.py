@@ -95,6 +95,7 @@ from hybrid.inputs import check_token_ids
 from hybrid.validators import check_token_id
 
 _SUPPRESSED = "padding and the decoder start, never generated"
+_BAD_WORDS = "bad_words_ids"
 
 
 @dataclass
@@ -309,16 +310,19 @@ class DecodingRules:
         config = self.config
         sampling = (config.temperature, config.top_k, config.top_p, config.min_p) if config.do_sample else ()
         beams = (config.num_beams, config.length_penalty, config.early_stopping) if config.num_beams > 1 else ()
+        bad_words = tuple(tuple(word) for word in config.bad_words_ids or ())
         return (tuple(self.suppressed), tuple(self.eos_ids), self.pad_id, self.forced_bos_id,
-                tuple(self.forced_eos_ids or ()), config.do_sample, *sampling, *beams)
+                tuple(self.forced_eos_ids or ()), bad_words, config.do_sample, *sampling, *beams)
 
     @property
     def runs_in_graph(self) -> bool:
-        """True when every rule is the minimum length, a forced BOS or EOS, the suppressed ids or a built-in
-        warper (temperature, top-k, top-p, min-p), and no stopping criterion is given: then the rules read
+        """True when every rule is the minimum length, a forced BOS or EOS, the suppressed ids, one-token bad
+        words (a fixed ban: what an imported Marian's ``bad_words_ids=[[pad]]`` is) or a built-in warper
+        (temperature, top-k, top-p, min-p), and no stopping criterion is given: then the rules read
         nothing but the newest scores, each row's count and the constants of :attr:`graph_signature`, and the
         fast path runs them, and the choice (greedy, or a draw from noise passed in), inside its graph."""
         return not self.stopping and all(isinstance(rule, _LENGTH_RULES) or rule.name in (_SUPPRESSED, *_WARPERS)
+                                         or (rule.name == _BAD_WORDS and not rule.processor.reads_history)
                                          for rule in self.chain)
 
     def continuous_batching_obstacles(self) -> list[str]:
@@ -389,7 +393,7 @@ def _processor_chain(config: GenerationConfig, eos_ids: list[int], suppressed: l
         built_in.append(_Processor(NoRepeatNGramLogitsProcessor(config.no_repeat_ngram_size), "no_repeat_ngram_size"))
     if config.bad_words_ids:
         words = [list(word) for word in config.bad_words_ids]
-        built_in.append(_Processor(NoBadWordsLogitsProcessor(words, eos_ids), "bad_words_ids"))
+        built_in.append(_Processor(NoBadWordsLogitsProcessor(words, eos_ids), _BAD_WORDS))
     if config.min_new_tokens > 0:
         built_in.append(_MinNewTokens(config.min_new_tokens, eos_ids))
     if forced_bos_id is not None:
