@@ -185,6 +185,13 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(batch, length, n_heads * head_dim)
 
 
+def over_queries(key_mask: Tensor, queries: Tensor) -> Tensor:
+    """A key mask (B, 1, 1, S) spelled out over the queries (B, nh, T, hd) as (B, 1, T, S), a view: ONNX
+    Runtime's Attention operator, which the fast path exports attention to, does not broadcast the mask's
+    query dimension."""
+    return key_mask.expand(-1, -1, queries.shape[2], -1)
+
+
 class EncoderSelfAttention(nn.Module):
     """Bidirectional multi-head self-attention that ignores padded source positions."""
 
@@ -200,7 +207,7 @@ class EncoderSelfAttention(nn.Module):
         """x: (B, S, D); key_mask: (B, 1, 1, S) bool, True on real tokens."""
         q, k, v = project_qkv(self.qkv(x), self.n_heads, self.rotary)  # 3 x (B, nh, S, hd)
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=key_mask, dropout_p=self.dropout if self.training else 0.0)
+            q, k, v, attn_mask=over_queries(key_mask, q), dropout_p=self.dropout if self.training else 0.0)
         return self.out(merge_heads(y))
 
 
@@ -227,9 +234,6 @@ class CrossAttention(nn.Module):
     def forward(self, x: Tensor, keys: Tensor, values: Tensor, key_mask: Tensor) -> Tensor:
         """x: (B, T, D) queries; keys/values: (B, nh, S, hd); key_mask: (B, 1, 1, S)."""
         q = split_heads(self.query(x), self.n_heads)  # (B, nh, T, hd)
-        # The mask spelled out over the queries (a view): ONNX Runtime's Attention operator, which the
-        # fast path exports this call to, does not broadcast the mask's query dimension.
-        mask = key_mask.expand(-1, -1, q.shape[2], -1)
         y = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
+            q, keys, values, attn_mask=over_queries(key_mask, q), dropout_p=self.dropout if self.training else 0.0)
         return self.out(merge_heads(y))

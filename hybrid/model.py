@@ -146,13 +146,28 @@ class Seq2Seq(nn.Module):
         Returns the encoder output (B, S, D) and the attention key mask (B, 1, 1, S)
         that every attention over the source uses (True on real tokens).
         """
+        src_ids, key_mask = self._source(src_ids, src_mask)
+        return self._encode_masked(src_ids, key_mask), key_mask
+
+    def _source(self, src_ids: Tensor, src_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The source ids, checked, and their key mask (B, 1, 1, S), True on real tokens."""
         src_ids = check_token_ids("src_ids", src_ids, self.config.vocab_size, ndim=2)
         check_length("source length", src_ids.shape[1], self.config.max_positions, "max_positions")
-        key_mask = source_mask(src_ids, src_mask, self.config.pad_id)[:, None, None, :]  # (B, 1, 1, S)
+        return src_ids, source_mask(src_ids, src_mask, self.config.pad_id)[:, None, None, :]
+
+    def _encode_masked(self, src_ids: Tensor, key_mask: Tensor) -> Tensor:
         x = self.embed_dropout(self._embed(src_ids, self.encoder_positions, self.encoder_embedding_norm))  # (B, S, D)
         for layer in self.encoder_layers:
             x = layer(x, key_mask)
-        return self.encoder_norm(x), key_mask
+        return self.encoder_norm(x)
+
+    def eager_memory(self, src_ids: Tensor, key_mask: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        """The encoder and every decoder layer's cross-attention keys and values (each (B, nh, S, hd),
+        contiguous), in PyTorch, unchecked: what an accelerator (:mod:`hybrid.accel`) runs or exports."""
+        memory = self._encode_masked(src_ids, key_mask)
+        projected = [layer.cross.project_memory(memory) for layer in self.decoder_layers]
+        # Contiguous, so that every step reads them in order (and the fast step can bind them by address).
+        return [k.contiguous() for k, _ in projected], [v.contiguous() for _, v in projected]
 
     # ----- teacher forcing -----------------------------------------------------------
 
@@ -201,15 +216,13 @@ class Seq2Seq(nn.Module):
         """
         check_length("max_steps", max_steps, self.config.max_positions, "max_positions")
         self.accelerator.check_weights()
-        memory, key_mask = self.encode(src_ids, src_mask)
-        batch, dtype = memory.shape[0], memory.dtype
-        projected = [layer.cross.project_memory(memory) for layer in self.decoder_layers]
-        # Contiguous, so that every step reads them in order (and the fast step can bind them by address).
-        keys, values = [k.contiguous() for k, _ in projected], [v.contiguous() for _, v in projected]
+        src_ids, key_mask = self._source(src_ids, src_mask)
+        keys, values = self.accelerator.memory(src_ids, key_mask)
+        batch, dtype, device = src_ids.shape[0], keys[0].dtype, keys[0].device
         # A fixed-size state is allocated whole: growing it would change nothing but its shape key.
         grows = any(not layer.mixer.constant_state for layer in self.decoder_layers)
         capacity = min(max_steps, FIRST_CAPACITY) if grows else max_steps
-        mixer_states = [layer.mixer.allocate_state(batch, capacity, memory.device, dtype)
+        mixer_states = [layer.mixer.allocate_state(batch, capacity, device, dtype)
                         for layer in self.decoder_layers]
         return DecodeState(mixer_states, keys, values, key_mask, max_steps, capacity)
 

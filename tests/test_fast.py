@@ -32,6 +32,7 @@ from hybrid.accel.onnx import OnnxAccelerator, cache_dir_for, graph_key, weights
 from hybrid.generation import beams, engine
 from hybrid.generation.config import GenerationConfig
 from hybrid.generation.refill import RefillDecoder, Source
+from hybrid.generation.rules import DecodingRules
 from hybrid.state import DecodeState
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,6 +72,10 @@ def test_the_fast_step_gives_the_eager_logits(pair):
     eager, fast = pair
     src, tgt = padded_batch(LENGTHS, seed=32), padded_batch([9] * 4, seed=33)
     states = [model.start(src, max_steps=9) for model in pair]
+    # The encoder and the cross-attention keys and values: one exported graph too.
+    assert "memory" in fast.accelerator.sessions
+    for expected, got in zip(*(state.cross_keys + state.cross_values for state in states), strict=True):
+        assert (got - expected).abs().max().item() <= 1e-4
     for t in range(9):
         expected, got = (model.step_unchecked(tgt[:, t], state) for model, state in zip(pair, states, strict=True))
         assert (got - expected).abs().max().item() <= 1e-4
@@ -197,6 +202,20 @@ def test_fast_refill_equals_eager_refill(pair, options):
         return dict(RefillDecoder(model, slots=3, max_new_tokens=10, **options, **seeded).run([sources]))
 
     assert run(pair[1]) == run(pair[0])
+
+
+@pytest.mark.parametrize("options", [dict(), dict(SAMPLING), dict(num_beams=3, num_return_sequences=2)],
+                         ids=["greedy", "sampling", "beams"])
+def test_one_token_bad_words_run_in_the_graph_and_longer_ones_beside_it(options):
+    """One-token bad words are a fixed ban (an imported Marian's ``bad_words_ids=[[pad]]``): one call per token,
+    the eager tokens. A longer bad word reads each row's history, so the rules run beside the exported step."""
+    eager, fast = mixed_pair()
+    single = dict(options, bad_words_ids=[[5], [8]])
+    assert DecodingRules(GenerationConfig(**single), fast.config).runs_in_graph
+    test_plain_greedy_takes_one_exported_call_per_token((eager, fast), single)
+    longer = dict(options, bad_words_ids=[[5], [8, 9]])
+    assert not DecodingRules(GenerationConfig(**longer), fast.config).runs_in_graph
+    test_fast_generate_equals_eager_generate((eager, fast), longer)
 
 
 @pytest.mark.parametrize("options", [dict(), SAMPLING, dict(num_beams=3, num_return_sequences=2), "refill"],

@@ -58,6 +58,11 @@ class Accelerator(ABC):
         """``Seq2Seq.eager_step``'s logits (rows, vocab) for ``tokens`` (rows,) fed at ``position`` (see
         :data:`hybrid.mixers.base.Position`), updating ``state`` in place as it does."""
 
+    def memory(self, src_ids: Tensor, key_mask: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        """``Seq2Seq.eager_memory``: the encoder and every layer's cross-attention keys and values, once per
+        source (``Seq2Seq.start``)."""
+        return self.model.eager_memory(src_ids, key_mask)
+
     def advances(self, rules) -> bool:
         """Whether :meth:`advance` runs these rules inside the compiled step: one call per token."""
         return False

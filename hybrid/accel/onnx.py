@@ -77,6 +77,19 @@ class _StepGraph(nn.Module):
         return (logits, *mixer_tensors(self.template))
 
 
+class _MemoryGraph(nn.Module):
+    """``model.eager_memory`` as a function of tensors: the source ids (B, S) and key mask (B, 1, 1, S) in,
+    every decoder layer's cross-attention keys, then values, out."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, src_ids: Tensor, key_mask: Tensor) -> tuple[Tensor, ...]:
+        keys, values = self.model.eager_memory(src_ids, key_mask)
+        return (*keys, *values)
+
+
 class _AdvanceGraph(nn.Module):
     """:func:`hybrid.generation.stepping.advance` with rules that run in a graph
     (``DecodingRules.runs_in_graph``), as one graph.
@@ -191,6 +204,16 @@ class OnnxAccelerator(Accelerator):
         binding.session.run_with_iobinding(binding.io)
         return binding.logits.clone()  # the bound buffer is overwritten by the next step
 
+    def memory(self, src_ids: Tensor, key_mask: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        """``Seq2Seq.eager_memory`` in one call into ONNX Runtime: the encoder and the cross-attention keys and
+        values of every layer, once per source (at batch 1 the eager encoder's dispatch costs several times
+        its arithmetic, as the step's did). One graph serves every batch and source length."""
+        session = self._session("memory")
+        arrays = session.run(None, {"src_ids": src_ids.contiguous().numpy(), "key_mask": key_mask.contiguous().numpy()})
+        tensors = [torch.from_numpy(array) for array in arrays]
+        layers = len(tensors) // 2
+        return tensors[:layers], tensors[layers:]
+
     def advances(self, rules) -> bool:
         """Rules that read only the newest scores and lengths, greedy or sampled, run inside the graph
         (``DecodingRules.runs_in_graph``)."""
@@ -230,8 +253,8 @@ class OnnxAccelerator(Accelerator):
         beams.closed.copy_(binding.next_closed)  # written apart: the choice of those that join reads the old ones
 
     def _session(self, key, rules=None):
-        """The session of ``key``: a rows-per-source (the step) or ``("advance", "greedy", "sample" or "beams",
-        ...)`` (a whole advance)."""
+        """The session of ``key``: ``"memory"`` (the encoder), a rows-per-source (the step) or ``("advance",
+        "greedy", "sample" or "beams", ...)`` (a whole advance)."""
         if key not in self.sessions:
             begin = time.perf_counter()
             path = None if self.cache_dir is None else self.cache_dir / graph_key(self._weights_digest, key,
@@ -262,6 +285,8 @@ class OnnxAccelerator(Accelerator):
     def _export(self, key, rules) -> bytes:
         """The ONNX graph of ``key``'s step, serialised, with the weights inline."""
         model = self.model
+        if key == "memory":
+            return self._export_graph(_MemoryGraph(model), *_memory_example(model))
         group_size = key if rules is None else key[-1]
         sources = 2
         src = torch.full((sources, 3), model.config.eos_id, dtype=torch.long, device="cpu")
@@ -296,6 +321,10 @@ class OnnxAccelerator(Accelerator):
             outputs_length = torch.export.Dim("outputs_length", min=2, max=1 << 20)
             shapes = (row_dims, row_dims, row_dims, {**row_dims, 1: outputs_length}, {}, {},
                       (*([row_dims] if graph.sampling else []), memory_mask_dims, *tensor_dims))
+        return self._export_graph(graph, example, shapes)
+
+    def _export_graph(self, graph: nn.Module, example: tuple, shapes: tuple) -> bytes:
+        """``graph`` exported to ONNX for ``example`` inputs with ``shapes``' dynamic dimensions, quantized if asked."""
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "step.onnx"
             with _quiet_exporter(), torch.no_grad():
@@ -427,7 +456,9 @@ def graph_key(weights: str, key, quantize: str | None) -> str:
     everything that shapes the graph (the weights, its kind and decoding rules, the quantization, the opset,
     the versions of hybrid's code and of the packages that trace and quantize it), then its kind in words:
     ``<digest>-step-rows3-fp32.onnx`` is the float32 step of three rows per source (beams)."""
-    if isinstance(key, tuple):  # ("advance", "greedy", "sample" or "beams", *rules.graph_signature, rows per source)
+    if key == "memory":  # the encoder and the cross-attention keys and values
+        kind = "memory"
+    elif isinstance(key, tuple):  # ("advance", "greedy", "sample" or "beams", *rules.graph_signature, rows per source)
         kind = f"{key[1]}-rows{key[-1]}"
     else:  # rows per source: beams or samples of one source
         kind = f"step-rows{key}"
@@ -500,6 +531,16 @@ def _dynamic_shapes(template, group_size: int) -> tuple:
     mixers = [{0: rows, **({state.steps_dim: capacity} if state.steps_dim is not None else {})}
               for state in template.mixer_states for _ in state.tensors()]
     return ({0: rows}, {0: rows}, {0: sources, 3: length}, (*memory, *mixers))
+
+
+def _memory_example(model) -> tuple[tuple[Tensor, Tensor], tuple]:
+    """Example inputs of :class:`_MemoryGraph` (two sources of five tokens, one padded) and their dynamic shapes."""
+    src_ids = torch.full((2, 5), model.config.eos_id, dtype=torch.long)
+    key_mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    key_mask[1, ..., 3:] = False
+    sources = torch.export.Dim("sources", min=1, max=1 << 20)
+    length = torch.export.Dim("source_length", min=1, max=1 << 20)
+    return (src_ids, key_mask), ({0: sources, 1: length}, {0: sources, 3: length})
 
 
 def _weight_versions(model) -> tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""Causal multi-head self-attention with a preallocated key/value cache: the baseline mixer."""
+"""Causal multi-head self-attention with a key/value cache grown in capacity buckets: the baseline mixer."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ class KVCache(MixerState):
 
 class AttentionMixer(Mixer):
     """Causal self-attention (SDPA; rotary positions, or none when the model adds a table of them).
-    Step mode writes into a KV cache preallocated for the requested length, so nothing is
-    concatenated per step; its memory still grows linearly with the length asked for, which is
-    the cost the LSTM mixer removes."""
+    Step mode writes into a KV cache allocated in capacity buckets that double as the decode goes on
+    (:meth:`hybrid.state.DecodeState.reserve`), so nothing is concatenated per step; its memory and the
+    work of every step still grow linearly with the length decoded, which is the cost the LSTM mixer removes."""
 
     constant_state = False
 
@@ -69,7 +69,7 @@ class AttentionMixer(Mixer):
 
         ``position`` is 0-d, or (B,) when rows sit at different positions (a slot-indexed
         cache that finished rows hand to new sources). It attends over the whole
-        preallocated cache with a mask of each row's filled positions, trading O(max_steps)
+        allocated cache with a mask of each row's filled positions, trading O(capacity)
         work per step for launch-free replay and per-row positions.
         """
         positions = position.expand(x.shape[0])  # (B,): one shared position, or one per row
