@@ -47,7 +47,6 @@ from hybrid.accel import (
 from hybrid.files import write_atomically
 from hybrid.generation.beams import Beams, advance_beams
 from hybrid.generation.stepping import Rows, advance
-from hybrid.mixers.lstm import onnx_lstm_cell
 from hybrid.state import DecodeState
 from hybrid.validators import check_choice, check_int
 
@@ -332,8 +331,7 @@ class OnnxAccelerator(Accelerator):
                 # The weights inline (external_data=False): one file to cache and to read back, within
                 # ONNX's 2 GB limit on a graph, far above this model's sizes.
                 torch.onnx.export(graph, example, str(path), dynamo=True, dynamic_shapes=shapes, optimize=True,
-                                  opset_version=OPSET, external_data=False,
-                                  custom_translation_table={torch.ops.hybrid.lstm_cell.default: onnx_lstm_cell})
+                                  opset_version=OPSET, external_data=False)
             if self.quantize == "int8":
                 from onnxruntime.quantization import QuantType, quantize_dynamic
                 from onnxruntime.quantization.registry import IntegerOpsRegistry

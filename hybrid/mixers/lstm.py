@@ -20,35 +20,6 @@ class LSTMState(MixerState):
     cell: Tensor  # (B, H)
 
 
-@torch.library.custom_op("hybrid::lstm_cell", mutates_args=())
-def lstm_cell(x: Tensor, hidden: Tensor, cell: Tensor, weight: Tensor, recurrent: Tensor,
-              bias: Tensor) -> tuple[Tensor, Tensor]:
-    """One LSTM step in ONNX's layout, (h, c) out: gates i, o, f, c; ``weight`` (1, 4H, D), ``recurrent``
-    (1, 4H, H), ``bias`` (1, 8H), the input's then the recurrence's. The exported step holds it as one ONNX
-    ``LSTM`` node (:func:`onnx_lstm_cell`), where the eager step's math is about a dozen nodes."""
-    width = hidden.shape[1]
-    gates = x @ weight[0].T + hidden @ recurrent[0].T + bias[0, :4 * width] + bias[0, 4 * width:]
-    in_gate, out_gate, forget_gate, cell_gate = gates.chunk(4, dim=1)
-    cell = forget_gate.sigmoid() * cell + in_gate.sigmoid() * cell_gate.tanh()
-    return out_gate.sigmoid() * cell.tanh(), cell
-
-
-@lstm_cell.register_fake
-def _(x, hidden, cell, weight, recurrent, bias):
-    return torch.empty_like(hidden), torch.empty_like(cell)
-
-
-def onnx_lstm_cell(x, hidden, cell, weight, recurrent, bias):
-    """:func:`lstm_cell` as ONNX's ``LSTM`` operator over a sequence of one step (a translation for
-    ``torch.onnx.export``'s ``custom_translation_table``)."""
-    from onnxscript import opset23 as op
-
-    _, hidden, cell = op.LSTM(op.Unsqueeze(x, [0]), weight, recurrent, bias, None,
-                              op.Unsqueeze(hidden, [0]), op.Unsqueeze(cell, [0]),
-                              hidden_size=weight.shape[1] // 4)
-    return op.Squeeze(hidden, [0]), op.Squeeze(cell, [0])
-
-
 @dataclasses.dataclass(frozen=True)
 class RecurrentOptions(MixerOptions):
     """``hidden_size``: a recurrent mixer's width; None means ``d_model``. An LSTM layer holds about
@@ -133,10 +104,6 @@ class LSTMMixer(Mixer):
         # addmm on the transposed view (measured on the benchmark's CPU).
         self._fused_weight = torch.cat([lstm.weight_ih_l0, lstm.weight_hh_l0], dim=1)
         self._fused_bias = lstm.bias_ih_l0 + lstm.bias_hh_l0  # (4H,)
-        onnx_order = torch.cat([torch.arange(0, self.width), torch.arange(3 * self.width, 4 * self.width),
-                                torch.arange(self.width, 3 * self.width)]).to(lstm.weight_ih_l0.device)  # i o f g
-        self._onnx_weights = (lstm.weight_ih_l0[onnx_order][None], lstm.weight_hh_l0[onnx_order][None],
-                              torch.cat([lstm.bias_ih_l0[onnx_order], lstm.bias_hh_l0[onnx_order]])[None])
         return LSTMState(hidden=torch.zeros(batch_size, self.width, device=device, dtype=dtype),
                          cell=torch.zeros(batch_size, self.width, device=device, dtype=dtype))
 
@@ -144,11 +111,6 @@ class LSTMMixer(Mixer):
         # The recurrence needs no position: every form of it is accepted and unused.
         if self._fused_weight is None:
             raise RuntimeError("LSTMMixer.step called before allocate_state (use Seq2Seq.start)")
-        if torch.compiler.is_exporting():  # one ONNX LSTM node, not the dozen of the math below
-            hidden, cell = lstm_cell(x, state.hidden, state.cell, *self._onnx_weights)
-            state.cell.copy_(cell)
-            state.hidden.copy_(hidden)
-            return self.out(state.hidden)
         gates = F.linear(torch.cat([x, state.hidden], dim=1), self._fused_weight, self._fused_bias)  # (B, 4H)
         # One sigmoid over all four gates is cheaper than three small ones; g's is unused.
         in_gate, forget_gate, _, out_gate = gates.sigmoid().chunk(4, dim=1)  # PyTorch's i, f, g, o order
