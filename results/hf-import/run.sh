@@ -15,7 +15,8 @@
 #      students.md, students.log;
 #   6. the best student of each mixer timed on the fast path beside CTranslate2 running the teacher
 #      (bench_engines.py --student): students-speed/engines.json, engines.md, students-speed.log.
-# Usage, from the repository root: bash results/hf-import/run.sh   (THREADS=2 by default, for step 4)
+# Usage, from the repository root: bash results/hf-import/run.sh   (THREADS=2 by default, for step 4; UNTIL=4 stops
+# after step 4)
 # Steps 1-3 run on one thread; step 4 holds /tmp/bench_running while it times (a note to the machine's other users).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -90,6 +91,8 @@ trap 'rm -f /tmp/bench_running' EXIT
 OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS python "$HERE/bench_engines.py" --threads "$THREADS" \
   --batch1-timed-words 2048 2>&1 \
   | tee "$HERE/bench.log"
+
+[ "${UNTIL:-6}" -le 4 ] && exit 0  # UNTIL=4 bash results/hf-import/run.sh: the same-weights table alone
 
 # 5. The students (one thread per run, two side by side; a run with a result.json is not run again).
 python "$HERE/students.py" --ways converted plain transfer distil --seeds 0 --jobs 2 2>&1 | tee "$HERE/students.log"
