@@ -46,15 +46,19 @@ class DecodeState:
         """Number of rows (sequences) a step takes: sources x group_size."""
         return self.memory_mask.shape[0] * self.group_size
 
-    @torch.inference_mode()  # the state's tensors are inference tensors (made by Seq2Seq.start)
     def reserve(self, steps: int) -> None:
         """Make room for ``steps`` tokens fed: when they pass the capacity, double it (at least to ``steps``,
-        at most to ``max_steps``), so that a decode of n tokens reallocates O(log n) times. Every loop that
-        steps a state with positions on the device calls this first, with its count of steps on the host."""
-        if steps > self.capacity:
-            self.capacity = min(self.max_steps, max(steps, 2 * self.capacity))
-            for state in self.mixer_states:
-                state.grow(self.capacity)
+        at most to ``max_steps``, never past it), so that a decode of n tokens reallocates O(log n) times.
+        Every loop that steps a state with positions on the device calls this first, with its count of steps
+        on the host; it runs at every step, so it only compares until the state must grow."""
+        if steps > self.capacity and self.capacity < self.max_steps:
+            self._grow(min(self.max_steps, max(steps, 2 * self.capacity)))
+
+    @torch.inference_mode()  # the state's tensors are inference tensors (made by Seq2Seq.start)
+    def _grow(self, capacity: int) -> None:
+        self.capacity = capacity
+        for state in self.mixer_states:
+            state.grow(capacity)
 
     def expand(self, group_size: int) -> None:
         """Give every row ``group_size`` consecutive copies (beams, samples); the memory is not copied."""

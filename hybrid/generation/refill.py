@@ -125,7 +125,7 @@ class RefillDecoder:
         interval = config.check_interval(device)
         step = 0
         while any(owner is not None for owner in owners):
-            state.reserve(min(step + 1, state.max_steps))  # no row has been fed more steps than the batch
+            state.reserve(step + 1)  # no row has been fed more steps than the batch
             accelerator.advance(rules, state, rows)
             step += 1
             if step % interval:
