@@ -369,9 +369,9 @@ def test_max_time_holds_with_the_last_validation_inside_it(tmp_path):
                          tmp_path)
     trainer = run_fit(cfg)
     timer = next(callback for callback in trainer.callbacks if isinstance(callback, Timer))
-    # The budget, and a training step's jitter on a loaded machine (4.32 s was seen beside a benchmark); the
-    # fault this guards against, validating after the budget ran out, would take two 1 s batches past it.
-    assert timer.time_elapsed() <= 4.6, timer.time_elapsed()
+    # The budget, and a training step's jitter (4.32 s and 4.66 s were seen in clean-clone CI runs); the fault
+    # this guards against, validating after the budget ran out, takes two 1 s batches past it: 6 s or more.
+    assert timer.time_elapsed() <= 5.0, timer.time_elapsed()
     assert stop_reason(trainer) == ("trainer.max_time=0:00:04: stopped early enough to validate its last step "
                                     "inside the budget")
     last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
